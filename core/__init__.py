@@ -1,0 +1,1 @@
+"""asyncrl core: the async RL engine. Imports no Prefect and no MLflow."""
