@@ -1,0 +1,24 @@
+"""Tokenizers and models: tiny presets built locally, any HF causal LM loaded by path or id."""
+
+from core.models.builder import (
+    build_tiny_model,
+    create_pretrained,
+    load_model,
+    load_tokenizer,
+    torch_dtype,
+)
+from core.models.presets import MODEL_PRESETS, ModelPreset, is_preset
+from core.models.tokenizer import SPECIAL_TOKENS, train_tokenizer
+
+__all__ = [
+    "MODEL_PRESETS",
+    "SPECIAL_TOKENS",
+    "ModelPreset",
+    "build_tiny_model",
+    "create_pretrained",
+    "is_preset",
+    "load_model",
+    "load_tokenizer",
+    "torch_dtype",
+    "train_tokenizer",
+]

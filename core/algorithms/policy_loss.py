@@ -1,0 +1,250 @@
+"""Clipped policy-gradient loss: PPO, its decoupled (asynchronous) form, dual clip, GSPO.
+
+Three policies appear (AReaL, arXiv 2505.24298, §5):
+
+* ``π_behav`` generated the tokens (an inference server, up to η versions stale);
+* ``π_prox``  is the proximal policy the update is kept close to (the learner's weights at the
+  start of this training step, recomputed or approximated by ``loglinear_proximal_logprobs``);
+* ``π_θ``     is being optimised.
+
+Decoupled PPO objective, per token (a minimisation)::
+
+    r   = π_θ / π_prox                                  clip ratio (gradient flows)
+    w   = sg[π_prox / π_behav]                          behaviour importance weight
+    ℓ   = w · max(-A·r, -A·clip(r, 1-ε_low, 1+ε_high))
+
+With ``behaviour_logprobs=None`` (w = 1) this is plain PPO (arXiv 1707.06347) with
+``π_old = π_prox``; with ``π_behav = π_prox`` the two coincide.
+"""
+
+import torch
+
+from core.algorithms.aggregation import aggregate_loss
+from core.algorithms.kl import kl_penalty
+from core.algorithms.masking import as_bool, masked_max, masked_mean, masked_min
+
+Tensor = torch.Tensor
+
+IMPORTANCE_LEVELS = ("token", "sequence")
+BEHAVIOUR_MASK_MODES = ("cap", "mask")
+
+
+def _seq_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """``[batch, tokens]`` -> ``[batch, 1]`` mean over each row's response tokens."""
+    return masked_mean(values, mask, dim=-1).unsqueeze(-1)
+
+
+def behaviour_weights(
+    proximal_logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    loss_mask: Tensor,
+    *,
+    cap: float | None = None,
+    mask_mode: str = "cap",
+    level: str = "token",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Behaviour importance weights ``π_prox / π_behav`` (no gradient), capped or masked.
+
+    ``level="token"``: one weight per token. ``level="sequence"``: each token of a row gets the
+    row's geometric-mean weight ``exp(mean_t(log π_prox - log π_behav))`` (length-normalised as in
+    GSPO, arXiv 2507.18071). Above ``cap``, ``mask_mode="cap"`` truncates the weight to ``cap``
+    (truncated IS) and ``mask_mode="mask"`` zeroes it, dropping the token/sequence from the loss
+    numerator (AReaL's ``behav_imp_weight_cap``); the normaliser is unchanged.
+
+    Returns:
+        ``(weights, raw_weights, exceeded)``, all ``[batch, tokens]``; ``exceeded`` is the bool
+        set of response tokens whose raw weight was above ``cap``.
+    """
+    if mask_mode not in BEHAVIOUR_MASK_MODES:
+        raise ValueError(f"unknown behaviour_mask_mode {mask_mode!r}; expected {BEHAVIOUR_MASK_MODES}")
+    if level not in IMPORTANCE_LEVELS:
+        raise ValueError(f"unknown behaviour_level {level!r}; expected {IMPORTANCE_LEVELS}")
+    mask = as_bool(loss_mask)
+    log_w = torch.where(mask, (proximal_logprobs - behaviour_logprobs).detach(), 0.0)
+    if level == "sequence":
+        log_w = _seq_mean(log_w, mask).expand_as(log_w)
+    raw = torch.where(mask, log_w.exp(), 0.0)
+    if cap is None:
+        return raw, raw, torch.zeros_like(mask)
+    exceeded = mask & (raw > cap)
+    weights = raw.clamp(max=cap) if mask_mode == "cap" else torch.where(exceeded, 0.0, raw)
+    return weights, raw, exceeded
+
+
+def ppo_policy_loss(
+    logprobs: Tensor,
+    proximal_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    behaviour_logprobs: Tensor | None = None,
+    eps_clip: float = 0.2,
+    eps_clip_high: float | None = None,
+    dual_clip: float | None = None,
+    importance_level: str = "token",
+    behaviour_cap: float | None = None,
+    behaviour_mask_mode: str = "cap",
+    behaviour_level: str = "token",
+    aggregation: str = "token-mean",
+    normalizer: float | Tensor | None = None,
+    norm_constant: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """(Decoupled) clipped PPO policy loss; see the module docstring for the objective.
+
+    Args:
+        logprobs: ``[batch, tokens]`` log π_θ of the sampled tokens (the only input with grad).
+        proximal_logprobs: ``[batch, tokens]`` log π_prox (π_old of plain PPO); detached.
+        advantages: ``[batch, tokens]`` (``broadcast_to_tokens`` for sequence advantages).
+        loss_mask: ``[batch, tokens]`` 0/1, 1 on response tokens.
+        behaviour_logprobs: ``[batch, tokens]`` log π_behav; None = plain PPO.
+        eps_clip: lower clip range ε_low (and ε_high when ``eps_clip_high`` is None).
+        eps_clip_high: upper clip range ε_high ("clip-higher", DAPO arXiv 2503.14476).
+        dual_clip: constant ``c > 1`` of dual-clip PPO (Ye et al., arXiv 1912.09729): for
+            ``A < 0`` the token loss is ``min(ℓ, c·|A|)``; None = off.
+        importance_level: ``"token"``, or ``"sequence"`` (GSPO, arXiv 2507.18071): the ratio of
+            every token of a row is ``s = exp(mean_t log(π_θ/π_prox))`` in value, with GSPO-token
+            gradient ``s · ∇log π_θ(y_t)`` (``sg[s] · π_θ(y_t) / sg[π_θ(y_t)]``).
+        behaviour_cap, behaviour_mask_mode, behaviour_level: see ``behaviour_weights``.
+        aggregation, normalizer, norm_constant: see ``aggregate_loss`` (pass the global
+            ``normalizer`` when the batch is split into micro-batches).
+
+    Returns:
+        ``(loss, stats)``: 0-dim loss; detached 0-dim stats over this call's response tokens:
+        ``clip_frac``, ``dual_clip_frac``, ``approx_kl`` (k3 estimate of KL(π_prox‖π_θ)),
+        ``approx_kl_k2`` (½(Δ log p)²), ``ratio_mean/max/min``, ``behav_weight_mean/max`` (raw,
+        before capping; 1 without behaviour log-probs), ``behav_masked_frac`` (fraction above
+        the cap: dropped in ``"mask"`` mode, truncated in ``"cap"`` mode).
+    """
+    if importance_level not in IMPORTANCE_LEVELS:
+        raise ValueError(f"unknown importance_level {importance_level!r}; expected {IMPORTANCE_LEVELS}")
+    if eps_clip < 0 or (eps_clip_high is not None and eps_clip_high < 0):
+        raise ValueError("eps_clip and eps_clip_high must be >= 0")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    mask = as_bool(loss_mask)
+    proximal_logprobs = proximal_logprobs.detach()
+    advantages = torch.where(mask, advantages.detach(), 0.0)
+
+    # Clip ratio r = π_θ / π_prox (padding forced to log-ratio 0 so it never produces inf/nan).
+    log_ratio = torch.where(mask, logprobs - proximal_logprobs, 0.0)
+    if importance_level == "sequence":
+        seq_log_ratio = _seq_mean(log_ratio, mask).detach()
+        log_ratio = torch.where(mask, seq_log_ratio + logprobs - logprobs.detach(), 0.0)
+    ratio = log_ratio.exp()
+
+    # Pessimistic (clipped) surrogate, as a loss.
+    eps_high = eps_clip if eps_clip_high is None else eps_clip_high
+    clipped_ratio = ratio.clamp(1.0 - eps_clip, 1.0 + eps_high)
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * clipped_ratio
+    token_loss = torch.maximum(loss_unclipped, loss_clipped)
+    clipped = mask & (loss_clipped > loss_unclipped)
+
+    # Dual clip: bound the loss of negative-advantage tokens by c·|A|.
+    dual_clipped = torch.zeros_like(mask)
+    if dual_clip is not None:
+        bound = -advantages * dual_clip
+        dual_clipped = mask & (advantages < 0) & (token_loss > bound)
+        token_loss = torch.where(dual_clipped, bound, token_loss)
+
+    # Behaviour importance weight π_prox / π_behav (decoupled PPO).
+    if behaviour_logprobs is None:
+        weights = raw_weights = torch.where(mask, 1.0, 0.0).to(logprobs.dtype)
+        exceeded = torch.zeros_like(mask)
+    else:
+        weights, raw_weights, exceeded = behaviour_weights(
+            proximal_logprobs,
+            behaviour_logprobs,
+            mask,
+            cap=behaviour_cap,
+            mask_mode=behaviour_mask_mode,
+            level=behaviour_level,
+        )
+    token_loss = token_loss * weights
+
+    loss = aggregate_loss(
+        token_loss, mask, aggregation, normalizer=normalizer, norm_constant=norm_constant
+    )
+
+    with torch.no_grad():
+        token_log_ratio = torch.where(mask, logprobs - proximal_logprobs, 0.0)
+        stats = {
+            "clip_frac": masked_mean(clipped.float(), mask),
+            "dual_clip_frac": masked_mean(dual_clipped.float(), mask),
+            "approx_kl": masked_mean(kl_penalty(proximal_logprobs, logprobs, "k3"), mask),
+            "approx_kl_k2": masked_mean(0.5 * token_log_ratio**2, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+            "ratio_max": masked_max(ratio, mask),
+            "ratio_min": masked_min(ratio, mask),
+            "behav_weight_mean": masked_mean(raw_weights, mask),
+            "behav_weight_max": masked_max(raw_weights, mask),
+            "behav_masked_frac": masked_mean(exceeded.float(), mask),
+        }
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def loglinear_alpha(
+    versions: Tensor,
+    current_version: float,
+    *,
+    proximal_version: float | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Per-token interpolation weight α of ``loglinear_proximal_logprobs``.
+
+    With ``v_b = versions`` (the weight version that generated each token; < 0 for tokens not
+    generated, e.g. prompt), ``v_θ = current_version`` and ``v_prox = proximal_version``
+    (default ``v_θ - 1``, AReaL's convention)::
+
+        α = clamp((v_prox - v_b) / (v_θ - v_b), 0, 1)   if 0 <= v_b < v_θ
+        α = 1                                           if v_b >= v_θ  (made by π_θ's version)
+        α = 0                                           if v_b < 0     (not generated)
+
+    Returns:
+        ``[batch, tokens]`` α of ``dtype``.
+    """
+    v_theta = float(current_version)
+    v_prox = v_theta - 1.0 if proximal_version is None else float(proximal_version)
+    v_b = versions.to(torch.float64)
+    stale = (v_b >= 0) & (v_b < v_theta)
+    gap = torch.where(stale, v_theta - v_b, 1.0)
+    alpha = torch.where(stale, ((v_prox - v_b) / gap).clamp(0.0, 1.0), 0.0)
+    alpha = torch.where(v_b >= v_theta, 1.0, alpha)
+    return alpha.to(dtype)
+
+
+def loglinear_proximal_logprobs(
+    behaviour_logprobs: Tensor,
+    current_logprobs: Tensor,
+    versions: Tensor,
+    current_version: float,
+    *,
+    proximal_version: float | None = None,
+) -> Tensor:
+    """Approximate log π_prox without a forward pass (AReaL's ``prox_logp_method="loglinear"``).
+
+    Assumes each token's log-prob moves linearly in the version number between the version that
+    generated it and the current one::
+
+        log π_prox ≈ log π_behav + α · (log π_θ - log π_behav),   α from ``loglinear_alpha``
+
+    ``current_logprobs`` is detached (π_prox is a constant of the loss). Tokens from the
+    proximal version itself get α = 0 (π_prox = π_behav exactly); very stale tokens get α → 1
+    (π_prox ≈ π_θ). Tokens generated by the current version get α = 1, so their clip ratio is 1
+    and any train/inference mismatch goes into the (capped) behaviour weight instead; AReaL's
+    code uses α = 0 there, which differs only by that mismatch.
+
+    Args:
+        behaviour_logprobs: ``[batch, tokens]`` log π_behav (from the rollout).
+        current_logprobs: ``[batch, tokens]`` log π_θ from the training forward pass.
+        versions: ``[batch, tokens]`` int, generating version per token (< 0 = not generated).
+        current_version: ``v_θ``, the version label of the policy being optimised.
+        proximal_version: ``v_prox``; default ``current_version - 1``.
+    Returns:
+        ``[batch, tokens]`` approximate proximal log-probs (no gradient).
+    """
+    behav = behaviour_logprobs.detach()
+    alpha = loglinear_alpha(
+        versions, current_version, proximal_version=proximal_version, dtype=behav.dtype
+    )
+    return behav + alpha * (current_logprobs.detach() - behav)

@@ -1,0 +1,320 @@
+"""Synthetic GSM8K-style word problems, deterministic per seed.
+
+Each problem starts with a person holding some objects and applies ``steps`` operations
+(add, take away, multiply) to the count; the question asks for the final count. Solutions use
+the GSM8K format (worked steps with ``<<a+b=c>>`` calculator annotations, ending in ``#### N``).
+
+Training solutions are deliberately mixed: a ``direct_fraction`` share is answer-only
+(``#### N``) and the rest is worked, spread over ``worked_phrasings`` phrasings. On a ~1M-param
+model this makes greedy decoding after SFT prefer the (less accurate) direct style, which gives
+RL something to discover: showing the work raised greedy accuracy from 0.415 to 0.555 with GRPO.
+Keep that knob structure when changing the generator.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
+
+OPERATIONS: tuple[str, ...] = ("+", "-", "*")
+SPLITS: tuple[str, ...] = ("train", "test")
+
+# fmt: off
+# (name, subject pronoun)
+_PEOPLE: tuple[tuple[str, str], ...] = (
+    ("Finn", "he"), ("Mia", "she"), ("Leo", "he"),
+    ("Ava", "she"), ("Omar", "he"), ("Nora", "she"),
+    ("Ravi", "he"), ("Lena", "she"), ("Tom", "he"),
+    ("Zoe", "she"), ("Ivan", "he"), ("Emma", "she"),
+)
+_OBJECTS: tuple[str, ...] = (
+    "beads", "apples", "marbles", "stickers", "books", "pencils",
+    "cookies", "stamps", "shells", "cards", "coins", "toy cars",
+)
+# fmt: on
+# Templates per operation; {b} is the operand, {p} the subject pronoun.
+_STEP_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "+": (
+        "{p} buys {b} more.",
+        "{p} finds {b} more.",
+        "{name} gets {b} more {obj} from a friend.",
+    ),
+    "-": (
+        "{p} gives away {b}.",
+        "{p} loses {b}.",
+        "{name} gives {b} {obj} to a friend.",
+    ),
+    # Phrased so that the new count is unambiguously k times the old one.
+    "*": (
+        "Then {p} ends up with {b} times as many {obj} as {p} had.",
+        "After that, the number of {obj} {name} has becomes {b} times as large.",
+    ),
+}
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass
+class SyntheticSpec:
+    """Knobs of the synthetic problem generator."""
+
+    min_steps: int = field(default=1, metadata=_help("Fewest operations per problem."))
+    max_steps: int = field(default=2, metadata=_help("Most operations per problem."))
+    max_operand: int = field(
+        default=10, metadata=_help("Largest starting count and added/removed amount.")
+    )
+    # A list (not a tuple/Sequence) so that OmegaConf structured configs accept the field.
+    operations: list[str] = field(
+        default_factory=lambda: list(OPERATIONS),
+        metadata=_help("Allowed operations, a subset of '+', '-', '*'."),
+    )
+    max_multiplier: int = field(
+        default=3, metadata=_help("Multiplication is by 2..max_multiplier, so numbers stay small.")
+    )
+    direct_fraction: float = field(
+        default=0.5,
+        metadata=_help("Share of TRAINING solutions that are answer-only ('#### N')."),
+    )
+    worked_phrasings: int = field(
+        default=2, metadata=_help("How many different worked-solution phrasings to use.")
+    )
+    annotate: bool = field(
+        default=True, metadata=_help("Add GSM8K '<<a+b=c>>' calculator annotations to steps.")
+    )
+
+    def __post_init__(self) -> None:
+        self.operations = list(self.operations)
+        if self.min_steps < 1:
+            raise ValueError(f"min_steps must be >= 1, got {self.min_steps}")
+        if self.max_steps < self.min_steps:
+            raise ValueError(
+                f"max_steps ({self.max_steps}) must be >= min_steps ({self.min_steps})"
+            )
+        # 2 is the least that leaves room for a subtraction that keeps the count positive.
+        if self.max_operand < 2:
+            raise ValueError(f"max_operand must be >= 2, got {self.max_operand}")
+        if not self.operations:
+            raise ValueError("operations must not be empty")
+        unknown = [op for op in self.operations if op not in OPERATIONS]
+        if unknown:
+            raise ValueError(f"operations: unknown {unknown}; valid are {list(OPERATIONS)}")
+        if "*" in self.operations and self.max_multiplier < 2:
+            raise ValueError(f"max_multiplier must be >= 2, got {self.max_multiplier}")
+        # With subtraction only, each step removes >= 1 from a start <= max_operand.
+        if set(self.operations) == {"-"} and self.max_steps >= self.max_operand:
+            raise ValueError(
+                f"max_steps ({self.max_steps}) must be < max_operand ({self.max_operand}) "
+                "when '-' is the only operation"
+            )
+        if not 0.0 <= self.direct_fraction <= 1.0:
+            raise ValueError(f"direct_fraction must be in [0, 1], got {self.direct_fraction}")
+        if not 1 <= self.worked_phrasings <= len(_PHRASINGS):
+            raise ValueError(
+                f"worked_phrasings must be in [1, {len(_PHRASINGS)}], got {self.worked_phrasings}"
+            )
+
+
+@dataclass(frozen=True)
+class _Step:
+    a: int
+    op: str
+    b: int
+
+    @property
+    def result(self) -> int:
+        if self.op == "+":
+            return self.a + self.b
+        if self.op == "-":
+            return self.a - self.b
+        return self.a * self.b
+
+
+@dataclass(frozen=True)
+class _Problem:
+    name: str
+    pronoun: str
+    obj: str
+    start: int
+    steps: tuple[_Step, ...]
+    question: str
+
+    @property
+    def answer(self) -> int:
+        return self.steps[-1].result
+
+
+def _equation(step: _Step, annotate: bool) -> str:
+    expr = f"{step.a}{step.op}{step.b}"
+    if annotate:
+        return f"{expr}=<<{expr}={step.result}>>{step.result}"
+    return f"{expr}={step.result}"
+
+
+def _phrasing_equations(problem: _Problem, annotate: bool) -> str:
+    # e.g. "7-2=<<7-2=5>>5. 5*3=<<5*3=15>>15."
+    return " ".join(f"{_equation(s, annotate)}." for s in problem.steps)
+
+
+def _phrasing_narrated(problem: _Problem, annotate: bool) -> str:
+    # e.g. "Finn has 7-2=<<7-2=5>>5 beads. Then Finn has 5*3=<<5*3=15>>15 beads."
+    parts = []
+    for i, step in enumerate(problem.steps):
+        lead = f"{problem.name} has" if i == 0 else f"Then {problem.name} has"
+        parts.append(f"{lead} {_equation(step, annotate)} {problem.obj}.")
+    return " ".join(parts)
+
+
+def _phrasing_ordinal(problem: _Problem, annotate: bool) -> str:
+    # e.g. "First, 7-2=<<7-2=5>>5. Next, 5*3=<<5*3=15>>15."
+    return " ".join(
+        f"{'First' if i == 0 else 'Next'}, {_equation(s, annotate)}."
+        for i, s in enumerate(problem.steps)
+    )
+
+
+_PHRASINGS: tuple[Callable[[_Problem, bool], str], ...] = (
+    _phrasing_equations,
+    _phrasing_narrated,
+    _phrasing_ordinal,
+)
+
+
+def _sample_operations(rng: random.Random, spec: SyntheticSpec) -> list[str]:
+    n_steps = rng.randint(spec.min_steps, spec.max_steps)
+    ops = [rng.choice(spec.operations) for _ in range(n_steps)]
+    # Each subtraction needs one unit of headroom in the start value (see _sample_problem),
+    # so cap the subtractions at max_operand - 1 by swapping extras for another operation.
+    others = [op for op in spec.operations if op != "-"]
+    budget = spec.max_operand - 1
+    for i, op in enumerate(ops):
+        if op == "-":
+            if budget == 0 and others:
+                ops[i] = rng.choice(others)
+            else:
+                budget -= 1
+    return ops
+
+
+def _sample_problem(rng: random.Random, spec: SyntheticSpec) -> _Problem:
+    name, pronoun = rng.choice(_PEOPLE)
+    obj = rng.choice(_OBJECTS)
+    ops = _sample_operations(rng, spec)
+    n_minus = ops.count("-")
+    # Starting above the number of subtractions, and removing at most current-1-remaining,
+    # keeps every intermediate count >= 1 (no negatives, no zero). Start >= 2 reads better.
+    current = rng.randint(max(2, n_minus + 1), spec.max_operand)
+    start = current
+    steps: list[_Step] = []
+    sentences = [f"{name} has {current} {obj}."]
+    for i, op in enumerate(ops):
+        if op == "+":
+            b = rng.randint(1, spec.max_operand)
+        elif op == "-":
+            n_minus -= 1
+            b = rng.randint(1, min(spec.max_operand, current - 1 - n_minus))
+        else:
+            b = rng.randint(2, spec.max_multiplier)
+        template = rng.choice(_STEP_TEMPLATES[op])
+        sentence = template.format(b=b, name=name, obj=obj, p=pronoun)
+        if template.startswith("{p}"):
+            # Later events get "Then" so that the order of operations is explicit.
+            sentence = f"Then {sentence}" if i > 0 else sentence[0].upper() + sentence[1:]
+        elif i > 0 and template.startswith("{name}"):
+            sentence = f"Then {sentence}"
+        steps.append(_Step(current, op, b))
+        current = steps[-1].result
+        sentences.append(sentence)
+    sentences.append(f"How many {obj} does {name} have now?")
+    return _Problem(name, pronoun, obj, start, tuple(steps), " ".join(sentences))
+
+
+def _iter_problems(
+    spec: SyntheticSpec, seed: int, split: str
+) -> Iterator[tuple[int, _Problem, str]]:
+    """Yield (index, problem, style) forever; style is 'direct' or 'worked:<phrasing>'."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    # Separate streams: changing direct_fraction/worked_phrasings must not change the
+    # questions, so ablations over the solution mix see the same problem set.
+    problem_rng = random.Random(f"synthetic-{seed}-{split}-problems")
+    style_rng = random.Random(f"synthetic-{seed}-{split}-style")
+    i = 0
+    while True:
+        problem = _sample_problem(problem_rng, spec)
+        direct = style_rng.random() < spec.direct_fraction
+        phrasing = style_rng.randrange(spec.worked_phrasings)
+        if split == "train" and direct:
+            yield i, problem, "direct"
+        else:
+            # The test split is only a reference solution, so it is always worked.
+            yield i, problem, f"worked:{phrasing}"
+        i += 1
+
+
+def _to_sample(
+    i: int, problem: _Problem, style: str, spec: SyntheticSpec, seed: int, split: str
+) -> dict:
+    if style == "direct":
+        answer = f"#### {problem.answer}"
+    else:
+        phrasing = _PHRASINGS[int(style.split(":")[1])]
+        answer = f"{phrasing(problem, spec.annotate)}\n#### {problem.answer}"
+    return {
+        "id": f"synthetic-{split}-{seed}-{i}",
+        "question": problem.question,
+        "answer": answer,
+        "style": "direct" if style == "direct" else "worked",
+    }
+
+
+def generate_problems(n: int, spec: SyntheticSpec, seed: int, split: str = "train") -> list[dict]:
+    """Generate ``n`` samples ``{"id", "question", "answer", "style"}``; deterministic."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    out: list[dict] = []
+    if n == 0:
+        return out
+    for i, problem, style in _iter_problems(spec, seed, split):
+        out.append(_to_sample(i, problem, style, spec, seed, split))
+        if len(out) == n:
+            break
+    return out
+
+
+def generate_splits(
+    spec: SyntheticSpec, n_train: int, n_test: int, seed: int
+) -> tuple[list[dict], list[dict]]:
+    """Generate train and test sets such that no test question appears in train.
+
+    Test questions that repeat a train question (or an earlier test question) are skipped,
+    so test ids may skip indices. Raises ValueError when the spec's problem space is too
+    small to find ``n_test`` fresh questions.
+    """
+    train = generate_problems(n_train, spec, seed, "train")
+    seen = {row["question"] for row in train}
+    test: list[dict] = []
+    n_skipped = 0
+    max_tries = 100 * n_test + 10_000
+    if n_test > 0:
+        for i, problem, style in _iter_problems(spec, seed, "test"):
+            if i >= max_tries:
+                raise ValueError(
+                    f"found only {len(test)} of {n_test} test questions not in train after "
+                    f"{max_tries} tries; widen the spec (steps, max_operand, operations)"
+                )
+            if problem.question in seen:
+                n_skipped += 1
+                continue
+            seen.add(problem.question)
+            test.append(_to_sample(i, problem, style, spec, seed, "test"))
+            if len(test) == n_test:
+                break
+    if n_skipped:
+        logger.debug("generate_splits skipped %d repeated test questions", n_skipped)
+    return train, test

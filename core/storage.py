@@ -1,0 +1,71 @@
+"""Run files on any fsspec URL: a local folder or object storage (s3://bucket/prefix).
+
+Model folders must be local for ``from_pretrained``/``save_pretrained``; for a remote fileroot
+they are staged in a local cache folder and uploaded with :func:`upload_dir`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from fsspec.core import url_to_fs
+
+
+def is_local(url: str) -> bool:
+    """True for plain paths and ``file://`` URLs."""
+    return "://" not in url or url.startswith("file://")
+
+
+def local_path(url: str) -> Path:
+    """The local folder for ``url``: itself when local, else a stable staging folder."""
+    if is_local(url):
+        return Path(url.removeprefix("file://"))
+    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "asyncrl-staging" / digest
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *[p.strip("/") for p in parts]])
+
+
+def write_text(url: str, text: str) -> None:
+    fs, path = url_to_fs(url)
+    parent = path.rsplit("/", 1)[0]
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    with fs.open(path, "w") as f:
+        f.write(text)
+
+
+def read_text(url: str) -> str:
+    with fsspec.open(url, "r") as f:
+        return f.read()
+
+
+def write_json(url: str, data: Any) -> None:
+    write_text(url, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_jsonl(url: str, rows: list[dict]) -> None:
+    write_text(url, "".join(json.dumps(row) + "\n" for row in rows))
+
+
+def exists(url: str) -> bool:
+    fs, path = url_to_fs(url)
+    return fs.exists(path)
+
+
+def upload_dir(local: str | Path, url: str) -> None:
+    """Copy a local folder's files to ``url`` (no-op when ``url`` is that folder)."""
+    if is_local(url) and Path(local).resolve() == local_path(url).resolve():
+        return
+    fs, path = url_to_fs(url)
+    fs.makedirs(path, exist_ok=True)
+    for file in sorted(Path(local).rglob("*")):
+        if file.is_file():
+            fs.put_file(str(file), f"{path}/{file.relative_to(local).as_posix()}")

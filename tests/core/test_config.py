@@ -1,0 +1,156 @@
+"""Config schema: layering, presets, overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.config import (
+    Config,
+    ConfigError,
+    config_hash,
+    field_docs,
+    flatten,
+    load_config,
+    to_yaml,
+)
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
+GSM8K = ROOT / "experiments" / "gsm8k_grpo.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_shipped_configs_validate() -> None:
+    quick = load_config(QUICKSTART)
+    assert quick.model.path == "tiny"
+    assert quick.data.source == "synthetic"
+    assert quick.algorithm.name == "grpo"
+    gpu = load_config(GSM8K)
+    assert gpu.model.path == "Qwen/Qwen2-1.5B-Instruct"
+    assert gpu.rollout.engine == "sglang"
+    assert gpu.cluster.n_gpus_per_node == 8
+    assert gpu.model.dtype == "bfloat16"
+
+
+def test_dotted_overrides_win_over_yaml() -> None:
+    cfg = load_config(QUICKSTART, ["rollout.max_staleness=7", "cluster.n_nodes=2", "data.synthetic.max_operand=20"])
+    assert cfg.rollout.max_staleness == 7
+    assert cfg.cluster.n_nodes == 2
+    assert cfg.data.synthetic.max_operand == 20
+    # untouched values keep the YAML's
+    assert cfg.rollout.max_new_tokens == 48
+
+
+def test_list_override() -> None:
+    cfg = load_config(QUICKSTART, ['data.synthetic.operations=["+"]'])
+    assert list(cfg.data.synthetic.operations) == ["+"]
+
+
+def test_defaults_without_a_file() -> None:
+    cfg = load_config(None, [])
+    assert isinstance(cfg, Config)
+    assert cfg.rollout.max_staleness == Config().rollout.max_staleness
+
+
+def test_algorithm_preset_then_field_overrides(tmp_path: Path) -> None:
+    dapo = load_config(QUICKSTART, ["algorithm=dapo"])
+    grpo = load_config(QUICKSTART)
+    assert dapo.algorithm.name == "dapo"
+    assert dapo.algorithm.eps_clip_high is not None and dapo.algorithm.eps_clip_high > dapo.algorithm.eps_clip
+    assert dapo.algorithm.dynamic_sampling and not grpo.algorithm.dynamic_sampling
+    # a field override applies on top of the preset, whatever the order on the command line
+    tuned = load_config(QUICKSTART, ["algorithm.eps_clip_high=0.4", "algorithm=dapo"])
+    assert tuned.algorithm.eps_clip_high == 0.4
+    assert tuned.algorithm.dynamic_sampling
+    # the YAML may name the preset inside the section and override fields beside it
+    path = write(tmp_path, "algorithm:\n  name: ppo\n  gamma: 0.9\n")
+    ppo = load_config(path)
+    assert ppo.algorithm.use_critic and ppo.algorithm.gamma == 0.9
+
+
+def test_unknown_preset_lists_valid_names() -> None:
+    with pytest.raises(ConfigError, match="algorithm='grpoo'.*grpo"):
+        load_config(QUICKSTART, ["algorithm=grpoo"])
+
+
+def test_unknown_key_names_key_and_suggests(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(QUICKSTART, ["rollout.max_stalenes=4"])
+    assert "rollout.max_stalenes" in str(err.value)
+    assert "rollout.max_staleness" in str(err.value)
+    assert "command line" in str(err.value)
+
+    path = write(tmp_path, "modle:\n  path: tiny\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "'modle'" in str(err.value) and "model" in str(err.value) and str(path) in str(err.value)
+
+
+def test_wrong_type_names_key_and_expected_type(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(QUICKSTART, ["rollout.max_staleness=abc"])
+    message = str(err.value)
+    assert "rollout.max_staleness" in message and "int" in message and "abc" in message
+
+    path = write(tmp_path, "eval:\n  batch_size: [1, 2]\n")
+    with pytest.raises(ConfigError, match="eval.batch_size"):
+        load_config(path)
+
+    path = write(tmp_path, "rollout: 3\n")
+    with pytest.raises(ConfigError, match="'rollout'.*section"):
+        load_config(path)
+
+
+def test_value_checks_name_the_field() -> None:
+    with pytest.raises(ConfigError, match="rollout.max_staleness must be >= 0"):
+        load_config(QUICKSTART, ["rollout.max_staleness=-1"])
+    with pytest.raises(ConfigError, match="scheduler.type"):
+        load_config(QUICKSTART, ["scheduler.type=kubernetes"])
+    with pytest.raises(ConfigError, match="rollout.engine='sglang' needs GPUs"):
+        load_config(QUICKSTART, ["rollout.engine=sglang"])
+
+
+def test_missing_or_broken_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="cannot parse"):
+        load_config(write(tmp_path, "a: [1, 2\n"))
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(QUICKSTART, ["rollout.max_staleness"])
+
+
+def test_flatten_hash_and_yaml_round_trip(tmp_path: Path) -> None:
+    cfg = load_config(QUICKSTART)
+    flat = flatten(cfg)
+    assert flat["rollout.max_staleness"] == 4
+    assert flat["data.synthetic.operations"] == '["+", "-", "*"]'
+    assert config_hash(cfg) == config_hash(load_config(QUICKSTART))
+    assert config_hash(cfg) != config_hash(load_config(QUICKSTART, ["rollout.max_staleness=1"]))
+    # a data-only hash ignores RL knobs (used to cache data preparation)
+    assert config_hash(cfg, ("data",)) == config_hash(load_config(QUICKSTART, ["rollout.max_staleness=1"]), ("data",))
+    # the printed YAML loads back to the same config
+    again = load_config(write(tmp_path, to_yaml(cfg)))
+    assert config_hash(again) == config_hash(cfg)
+
+
+def test_every_field_is_documented() -> None:
+    rows = field_docs()
+    assert len(rows) > 60
+    undocumented = [key for key, _, _, help_text in rows if not help_text.strip()]
+    assert undocumented == []
+    keys = {key for key, *_ in rows}
+    assert {"rollout.max_staleness", "algorithm.eps_clip", "data.synthetic.direct_fraction"} <= keys
+
+
+def test_run_dir_layout() -> None:
+    cfg = load_config(QUICKSTART, ["cluster.fileroot=s3://bucket/runs/", "experiment.trial=t1"])
+    assert cfg.run_dir == "s3://bucket/runs/quickstart/t1"
