@@ -138,8 +138,7 @@ class ActorConfig:
 class CriticConfig:
     """Value model for PPO-style presets (algorithm.use_critic)."""
 
-    path: str = _f("", "Critic initial weights; empty = the policy's initial weights with a fresh value head.")
-    lr: float = _f(1e-4, "Critic learning rate.")
+    path: str = _f("", "Critic initial weights; empty = the policy's initial weights with a fresh value head (learning rate: algorithm.critic_lr).")
 
 
 @dataclass

@@ -19,9 +19,7 @@ def _grouped(rewards: Tensor, group_size: int) -> Tensor:
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be [batch], got shape {tuple(rewards.shape)}")
     if group_size < 1 or rewards.shape[0] % group_size != 0:
-        raise ValueError(
-            f"batch of {rewards.shape[0]} does not split into groups of {group_size}"
-        )
+        raise ValueError(f"batch of {rewards.shape[0]} does not split into groups of {group_size}")
     return rewards.reshape(-1, group_size)
 
 

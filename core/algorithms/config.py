@@ -29,9 +29,7 @@ class AlgorithmConfig:
         default="grpo",
         metadata={"help": f"Advantage estimator, one of {ADV_ESTIMATORS}."},
     )
-    group_size: int = field(
-        default=8, metadata={"help": "Responses sampled per prompt (a group)."}
-    )
+    group_size: int = field(default=8, metadata={"help": "Responses sampled per prompt (a group)."})
     normalize_std: bool = field(
         default=True,
         metadata={"help": "GRPO: divide by the group std (False = Dr.GRPO)."},
@@ -62,8 +60,7 @@ class AlgorithmConfig:
         default=0.0, metadata={"help": "beta of the KL-to-reference penalty in the reward."}
     )
 
-    # --- Sampling ---------------------------------------------------------------------------
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
+    # --- Sampling (temperature lives in rollout.temperature; the learner scales the same) -----
     dynamic_sampling: bool = field(
         default=False,
         metadata={"help": "DAPO: drop groups whose rewards are all equal."},
@@ -126,9 +123,7 @@ class AlgorithmConfig:
     value_clip: float | None = field(
         default=0.5, metadata={"help": "Value clip range; None = unclipped."}
     )
-    value_loss_coef: float = field(
-        default=0.5, metadata={"help": "Weight of the value loss."}
-    )
+    value_loss_coef: float = field(default=0.5, metadata={"help": "Weight of the value loss."})
 
     # --- Optimisation -----------------------------------------------------------------------
     lr: float = field(default=1e-6, metadata={"help": "Policy learning rate."})
@@ -169,7 +164,7 @@ def _validate(cfg: AlgorithmConfig) -> None:
         _at_least(cfg, name, 1)
     for name in ("reward_clip", "behaviour_cap", "value_clip", "loss_norm_constant"):
         _at_least(cfg, name, 0.0, strict=True)
-    for name in ("lr", "critic_lr", "max_grad_norm", "temperature", "overlong_buffer_len"):
+    for name in ("lr", "critic_lr", "max_grad_norm", "overlong_buffer_len"):
         _at_least(cfg, name, 0.0, strict=True)
     _at_least(cfg, "dual_clip", 1.0, strict=True)
     for name in ("gamma", "lam"):

@@ -27,19 +27,17 @@ def masked_mean(values: Tensor, loss_mask: Tensor, dim: int | None = None) -> Te
 
 
 def masked_max(values: Tensor, loss_mask: Tensor) -> Tensor:
-    """Largest masked-in value (0-dim); 0 when the mask is empty."""
+    """Largest masked-in value (0-dim); 0 when the mask is empty. No host sync."""
     mask = as_bool(loss_mask)
-    if not bool(mask.any()):
-        return values.new_zeros(())
-    return values[mask].max()
+    best = torch.where(mask, values, torch.full_like(values, -torch.inf)).amax()
+    return torch.where(mask.any(), best, torch.zeros_like(best))
 
 
 def masked_min(values: Tensor, loss_mask: Tensor) -> Tensor:
-    """Smallest masked-in value (0-dim); 0 when the mask is empty."""
+    """Smallest masked-in value (0-dim); 0 when the mask is empty. No host sync."""
     mask = as_bool(loss_mask)
-    if not bool(mask.any()):
-        return values.new_zeros(())
-    return values[mask].min()
+    least = torch.where(mask, values, torch.full_like(values, torch.inf)).amin()
+    return torch.where(mask.any(), least, torch.zeros_like(least))
 
 
 def masked_whiten(values: Tensor, loss_mask: Tensor, eps: float = 1e-8) -> Tensor:

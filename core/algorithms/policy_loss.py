@@ -56,7 +56,9 @@ def behaviour_weights(
         set of response tokens whose raw weight was above ``cap``.
     """
     if mask_mode not in BEHAVIOUR_MASK_MODES:
-        raise ValueError(f"unknown behaviour_mask_mode {mask_mode!r}; expected {BEHAVIOUR_MASK_MODES}")
+        raise ValueError(
+            f"unknown behaviour_mask_mode {mask_mode!r}; expected {BEHAVIOUR_MASK_MODES}"
+        )
     if level not in IMPORTANCE_LEVELS:
         raise ValueError(f"unknown behaviour_level {level!r}; expected {IMPORTANCE_LEVELS}")
     mask = as_bool(loss_mask)
@@ -116,7 +118,9 @@ def ppo_policy_loss(
         the cap: dropped in ``"mask"`` mode, truncated in ``"cap"`` mode).
     """
     if importance_level not in IMPORTANCE_LEVELS:
-        raise ValueError(f"unknown importance_level {importance_level!r}; expected {IMPORTANCE_LEVELS}")
+        raise ValueError(
+            f"unknown importance_level {importance_level!r}; expected {IMPORTANCE_LEVELS}"
+        )
     if eps_clip < 0 or (eps_clip_high is not None and eps_clip_high < 0):
         raise ValueError("eps_clip and eps_clip_high must be >= 0")
     if dual_clip is not None and dual_clip <= 1.0:

@@ -62,7 +62,9 @@ def reference_loss(
         if not valid:
             continue
         if importance_level == "sequence":
-            s_i = math.exp(sum(float(logprobs[i, t].detach() - prox[i, t]) for t in valid) / len(valid))
+            s_i = math.exp(
+                sum(float(logprobs[i, t].detach() - prox[i, t]) for t in valid) / len(valid)
+            )
         if behav is not None and behaviour_level == "sequence":
             w_seq = math.exp(sum(float(prox[i, t] - behav[i, t]) for t in valid) / len(valid))
         losses = []
@@ -238,9 +240,7 @@ def test_clip_region_has_zero_gradient(seed, batch, tokens, eps):
 
 
 @FAST
-@given(
-    seed=SEEDS, batch=st.integers(1, 4), tokens=st.integers(1, 5), c=st.floats(1.05, 5.0)
-)
+@given(seed=SEEDS, batch=st.integers(1, 4), tokens=st.integers(1, 5), c=st.floats(1.05, 5.0))
 def test_dual_clip_bounds_negative_advantage_loss(seed, batch, tokens, c):
     logprobs, prox, adv, _, _ = _case(seed, batch, tokens, spread=2.0)
     for i in range(batch):

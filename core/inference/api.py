@@ -1,0 +1,117 @@
+"""The inference-engine contract shared by the in-process engine and the HTTP clients.
+
+An engine turns token ids into token ids. Every generated token carries the log-probability it
+was sampled with and the weight *version* that produced it, because an interrupted request can
+mix versions (AReaL: staleness is measured from a sample's oldest token).
+
+``agenerate`` returns ``stop_reason="abort"`` with the tokens produced so far when the engine is
+paused mid-request (a weight update is coming). :func:`generate_resuming` turns that into one
+complete response: it waits for the engine to resume and resubmits prompt + partial output with
+the remaining budget, so the resumed tokens are stamped with the new version.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+StopReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class SamplingParams:
+    """How to sample. ``temperature == 0`` is greedy decoding."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    stop_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class GenerationRequest:
+    """Prompt token ids and sampling parameters; ``rid`` identifies the request across resumes."""
+
+    input_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class GenerationResponse:
+    """Generated tokens with per-token behaviour logprobs and weight versions."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    stop_reason: StopReason
+    n_resumes: int = 0  # how many times the request was interrupted and resubmitted
+
+    def __post_init__(self) -> None:
+        assert len(self.output_ids) == len(self.logprobs) == len(self.versions), "ragged response"
+
+
+@dataclass
+class WeightSource:
+    """Where new weights come from: a safetensors folder (path or URL) or an in-memory state dict."""
+
+    path: str | None = None
+    state_dict: dict | None = None
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.state_dict is None):
+            raise ValueError("WeightSource needs exactly one of path or state_dict")
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """What the rollout side needs from an engine (in-process or remote)."""
+
+    @property
+    def version(self) -> int: ...
+
+    async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
+        """Generate once; ``stop_reason == "abort"`` if paused mid-way (partial tokens kept)."""
+        ...
+
+    async def pause(self) -> None:
+        """Stop generating: in-flight requests return ``abort``; new ones wait for resume."""
+        ...
+
+    async def resume(self) -> None: ...
+
+    async def update_weights(self, source: WeightSource, version: int) -> None:
+        """Load new weights (the engine must be paused) and stamp later tokens with ``version``."""
+        ...
+
+    async def wait_until_resumed(self) -> None:
+        """Return once the engine accepts requests again (immediately if not paused)."""
+        ...
+
+
+async def generate_resuming(engine: InferenceEngine, request: GenerationRequest) -> GenerationResponse:
+    """Generate to completion across weight updates.
+
+    On ``abort`` the partial output is kept with its own versions, and prompt + partial output is
+    resubmitted with the remaining budget to the *same* engine once it resumes; its KV cache for
+    the prefix is stale and gets recomputed (prefilled) under the new weights.
+    """
+    output: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    budget = request.sampling.max_new_tokens
+    n_resumes = 0
+    while True:
+        sampling = SamplingParams(**{**request.sampling.__dict__, "max_new_tokens": budget - len(output)})
+        part = await engine.agenerate(GenerationRequest(request.input_ids + output, sampling, request.rid))
+        output += part.output_ids
+        logprobs += part.logprobs
+        versions += part.versions
+        if part.stop_reason != "abort":
+            return GenerationResponse(output, logprobs, versions, part.stop_reason, n_resumes)
+        if len(output) >= budget:
+            return GenerationResponse(output, logprobs, versions, "length", n_resumes)
+        n_resumes += 1
+        await engine.wait_until_resumed()

@@ -1,0 +1,71 @@
+"""Rollout contracts: a trajectory, a group of them, and the workflow that produces one.
+
+A *workflow* turns one dataset sample into one trajectory by talking to an inference engine
+(single-turn generation, or a multi-turn agent with tools). The executor runs ``group_size``
+episodes per prompt and hands complete groups to the learner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from core.inference.api import InferenceEngine
+
+
+@dataclass
+class Trajectory:
+    """One episode as the learner sees it: a token sequence with per-token training data.
+
+    ``input_ids`` is prompt + everything after it (model output and, for agents, tool results).
+    ``loss_mask`` is 1 on tokens the policy generated and 0 on prompt and tool tokens.
+    ``logprobs`` are the behaviour policy's (the engine's) logprobs, 0 where ``loss_mask`` is 0.
+    ``versions`` are the weight versions that generated each token, -1 where not generated.
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    reward: float
+    prompt_len: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        assert len(self.loss_mask) == len(self.logprobs) == len(self.versions) == n, "ragged trajectory"
+
+    @property
+    def n_generated(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def oldest_version(self) -> int:
+        """The version of the oldest generated token (staleness is measured from it)."""
+        generated = [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
+        return min(generated) if generated else -1
+
+
+@dataclass
+class Group:
+    """``group_size`` trajectories sampled from the same prompt (GRPO's unit)."""
+
+    sample_id: str
+    trajectories: list[Trajectory]
+    submitted_version: int
+
+    @property
+    def oldest_version(self) -> int:
+        versions = [t.oldest_version for t in self.trajectories if t.n_generated]
+        return min(versions) if versions else self.submitted_version
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.trajectories]
+
+
+@runtime_checkable
+class Workflow(Protocol):
+    """Produces one trajectory per call; ``None`` rejects the episode (it is counted, not trained on)."""
+
+    async def run_episode(self, engine: InferenceEngine, sample: dict[str, Any]) -> Trajectory | None: ...

@@ -1,0 +1,256 @@
+"""The staleness-bounded rollout executor (AReaL's asynchronous rollout controller).
+
+Groups of episodes run concurrently in the background while the learner trains. With batch size
+``B`` (groups per training step), staleness bound ``η`` and learner version ``v``, a new group may
+start only while
+
+    accepted + running < (η + v + 1) · B     and     running < max_concurrent_groups
+
+(AReaL, arXiv 2505.24298, §4). η = 0 admits exactly one batch per version: synchronous RL.
+
+Counter rules, after the bugs in AReaL's own tracker: a rejected or failed group leaves
+``running`` and never enters ``accepted`` (#567: otherwise ``prepare_batch`` stalls); a group
+found too stale when the batch is cut is dropped and leaves ``accepted`` too; after recovery
+``accepted`` restarts at ``v · B`` (#1388). Limits are per executor, never divided again (#1396).
+
+Groups can finish out of order, so the submission bound alone does not guarantee the consumed
+staleness; ``prepare_batch`` therefore takes the oldest groups first and drops any whose oldest
+token is more than η versions behind, which makes "never older than η" a hard guarantee.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.inference.api import InferenceEngine
+from core.rollout.api import Group, Workflow
+
+logger = logging.getLogger(__name__)
+
+SampleSource = Callable[[], dict[str, Any]]
+GroupFilter = Callable[[Group], bool]
+
+
+class RolloutError(RuntimeError):
+    """The rollout side cannot go on (too many failing episodes)."""
+
+
+@dataclass
+class RolloutCounters:
+    """What the executor has done; the invariants are asserted in tests."""
+
+    submitted: int = 0  # groups started
+    running: int = 0  # groups in flight
+    accepted: int = 0  # groups complete and kept (consumed ones included), minus stale drops
+    consumed: int = 0  # groups handed to the learner
+    rejected: int = 0  # groups with a rejected episode or refused by the group filter
+    failed: int = 0  # groups whose workflow raised
+    dropped_stale: int = 0  # groups older than η when the batch was cut
+    episodes_failed: int = 0
+    staleness: Counter = field(default_factory=Counter)  # consumed groups by staleness
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**{k: v for k, v in self.__dict__.items() if k != "staleness"},
+                "staleness": dict(sorted(self.staleness.items()))}
+
+
+class RolloutExecutor:
+    """Runs ``group_size`` episodes per prompt under the staleness bound, in the background."""
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        workflow: Workflow,
+        *,
+        batch_size: int,
+        group_size: int,
+        max_staleness: int,
+        max_concurrent: int,
+        max_failure_rate: float = 0.2,
+        min_episodes_for_failure_rate: int = 16,
+        group_filter: GroupFilter | None = None,
+    ) -> None:
+        if batch_size <= 0 or group_size <= 0:
+            raise ValueError("rollout.batch_size and algorithm.group_size must be > 0")
+        if max_staleness < 0:
+            raise ValueError(f"rollout.max_staleness must be >= 0, got {max_staleness}")
+        self.engine = engine
+        self.workflow = workflow
+        self.batch_size = batch_size
+        self.group_size = group_size
+        self.max_staleness = max_staleness
+        # Concurrency is configured in episodes; the executor schedules whole groups.
+        self.max_concurrent_groups = max(1, max_concurrent // group_size)
+        self.max_failure_rate = max_failure_rate
+        self.min_episodes_for_failure_rate = min_episodes_for_failure_rate
+        self.group_filter = group_filter
+        self.counters = RolloutCounters()
+        self.version = 0  # the learner's version, as last published
+        self._ready: list[Group] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._paused = False
+        self._error: BaseException | None = None
+        self._wakeup = asyncio.Event()  # capacity may have opened: the submitter looks again
+        self._changed = asyncio.Event()  # a group finished or the version moved: prepare_batch looks again
+        self._submitter: asyncio.Task | None = None
+        self._episodes_done = 0
+
+    # ---------------------------------------------------------------- capacity
+    def capacity(self) -> int:
+        """How many more groups may start now (0 while paused)."""
+        if self._paused:
+            return 0
+        c = self.counters
+        by_staleness = (self.max_staleness + self.version + 1) * self.batch_size - (c.accepted + c.running)
+        return max(0, min(self.max_concurrent_groups - c.running, by_staleness))
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self, next_sample: SampleSource) -> None:
+        """Start submitting in the background; ``next_sample()`` draws the next prompt."""
+        if self._submitter is not None:
+            return
+        self._submitter = asyncio.create_task(self._submit_loop(next_sample), name="rollout-submitter")
+
+    async def stop(self) -> None:
+        """Cancel the submitter and every in-flight group."""
+        tasks = [t for t in [self._submitter, *self._tasks] if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._submitter = None
+        self._tasks.clear()
+
+    def pause(self) -> None:
+        """Stop starting new groups (in-flight ones go on; the engine aborts/resumes them)."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        self._poke()
+
+    def set_version(self, version: int) -> None:
+        """The learner published ``version``: more capacity opens up."""
+        self.version = version
+        self._poke()
+
+    def recover(self, version: int, counters: dict[str, Any] | None = None) -> None:
+        """Restart after a checkpoint: ``accepted`` restarts at ``v · B`` (AReaL #1388)."""
+        self.version = version
+        if counters:
+            for key, value in counters.items():
+                if key == "staleness":
+                    self.counters.staleness = Counter({int(k): v for k, v in value.items()})
+                elif hasattr(self.counters, key):
+                    setattr(self.counters, key, value)
+        self.counters.running = 0
+        self.counters.accepted = version * self.batch_size
+        self.counters.consumed = version * self.batch_size
+        self._ready.clear()
+
+    # ---------------------------------------------------------------- batches
+    async def prepare_batch(self, timeout_s: float | None = None) -> list[Group]:
+        """Wait for ``batch_size`` complete groups within the staleness bound, oldest first."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            self._raise_if_failed()
+            self._drop_stale()
+            if len(self._ready) >= self.batch_size:
+                self._ready.sort(key=lambda g: g.oldest_version)
+                batch, self._ready = self._ready[: self.batch_size], self._ready[self.batch_size :]
+                for group in batch:
+                    self.counters.staleness[self.version - group.oldest_version] += 1
+                self.counters.consumed += len(batch)
+                return batch
+            if self._submitter is None:
+                raise RuntimeError("RolloutExecutor.start(next_sample) must be called before prepare_batch")
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(f"no full batch within {timeout_s} s: {self.counters.as_dict()}")
+            await self._wait_for_change(remaining)
+
+    def _drop_stale(self) -> None:
+        fresh = [g for g in self._ready if self.version - g.oldest_version <= self.max_staleness]
+        dropped = len(self._ready) - len(fresh)
+        if dropped:
+            logger.info("dropping %d group(s) older than η=%d", dropped, self.max_staleness)
+            self.counters.dropped_stale += dropped
+            self.counters.accepted -= dropped  # their slots open up again
+            self._ready = fresh
+            self._poke()
+
+    # ---------------------------------------------------------------- internals
+    async def _submit_loop(self, next_sample: SampleSource) -> None:
+        while True:
+            for _ in range(self.capacity()):
+                sample = next_sample()
+                self.counters.submitted += 1
+                self.counters.running += 1
+                task = asyncio.create_task(self._run_group(sample, self.version))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    async def _run_group(self, sample: dict[str, Any], version: int) -> None:
+        started = time.monotonic()
+        episodes = [self.workflow.run_episode(self.engine, sample) for _ in range(self.group_size)]
+        results = await asyncio.gather(*episodes, return_exceptions=True)
+        self.counters.running -= 1
+        self._episodes_done += len(results)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if any(isinstance(e, asyncio.CancelledError) for e in errors):
+            return
+        sample_id = str(sample.get("id", ""))
+        if errors:
+            self.counters.failed += 1
+            self.counters.episodes_failed += len(errors)
+            logger.warning("episode failed for sample %s: %r", sample_id, errors[0])
+            self._check_failure_rate(errors[0])
+        elif any(r is None for r in results):
+            self.counters.rejected += 1
+        else:
+            group = Group(sample_id, list(results), submitted_version=version)  # type: ignore[arg-type]
+            for i, trajectory in enumerate(group.trajectories):
+                trajectory.metadata.update(sample_id=sample_id, group_index=i,
+                                           group_seconds=time.monotonic() - started)
+            if self.group_filter is not None and not self.group_filter(group):
+                self.counters.rejected += 1
+            else:
+                self.counters.accepted += 1
+                self._ready.append(group)
+        self._poke()
+
+    def _check_failure_rate(self, error: BaseException) -> None:
+        if self._episodes_done < self.min_episodes_for_failure_rate:
+            return
+        rate = self.counters.episodes_failed / self._episodes_done
+        if rate > self.max_failure_rate:
+            self._error = RolloutError(
+                f"{rate:.0%} of episodes failed (rollout.max_failure_rate={self.max_failure_rate}); "
+                f"last error: {error!r}"
+            )
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._submitter is not None and self._submitter.done() and not self._submitter.cancelled():
+            exc = self._submitter.exception()
+            if exc is not None:  # e.g. the data source raised
+                raise RolloutError(f"rollout submission stopped: {exc!r}") from exc
+
+    def _poke(self) -> None:
+        self._wakeup.set()
+        self._changed.set()
+
+    async def _wait_for_change(self, timeout: float | None) -> None:
+        self._changed.clear()
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout=timeout)
+        except TimeoutError:
+            pass

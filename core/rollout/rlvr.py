@@ -1,0 +1,67 @@
+"""Single-turn RL with verifiable rewards (RLVR): one completion per episode, scored by a checker."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from core.data.templates import render_prompt
+from core.inference.api import GenerationRequest, InferenceEngine, SamplingParams, generate_resuming
+from core.rewards.registry import SafeReward, resolve_reward
+from core.rollout.api import Trajectory
+
+
+class RLVRWorkflow:
+    """Prompt → one sampled completion → reward(completion, reference answer)."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        reward_fn: str | Callable[[str, str], float],
+        sampling: SamplingParams,
+        template: str = "plain",
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.reward = SafeReward(resolve_reward(reward_fn) if isinstance(reward_fn, str) else reward_fn)
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        stops = list(dict.fromkeys([*sampling.stop_token_ids, *eos]))
+        self.sampling = dataclasses.replace(sampling, stop_token_ids=stops)
+        self.template = template
+
+    @classmethod
+    def from_config(cls, config: Any, tokenizer: PreTrainedTokenizerBase) -> RLVRWorkflow:
+        """Build from a :class:`core.config.Config` (the ``rollout`` and ``data`` sections)."""
+        r = config.rollout
+        sampling = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k)
+        return cls(tokenizer, r.reward_fn, sampling, config.data.template)
+
+    def prompt_ids(self, sample: dict[str, Any]) -> list[int]:
+        prompt = render_prompt(sample["question"], self.template)
+        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+    async def run_episode(self, engine: InferenceEngine, sample: dict[str, Any]) -> Trajectory:
+        started = time.monotonic()
+        prompt = self.prompt_ids(sample)
+        response = await generate_resuming(engine, GenerationRequest(prompt, self.sampling))
+        completion = self.tokenizer.decode(response.output_ids, skip_special_tokens=True)
+        reward = self.reward(completion, sample["answer"])
+        n = len(response.output_ids)
+        return Trajectory(
+            input_ids=prompt + response.output_ids,
+            loss_mask=[0] * len(prompt) + [1] * n,
+            logprobs=[0.0] * len(prompt) + response.logprobs,
+            versions=[-1] * len(prompt) + response.versions,
+            reward=reward,
+            prompt_len=len(prompt),
+            metadata={
+                "completion": completion,
+                "stop_reason": response.stop_reason,
+                "n_resumes": response.n_resumes,
+                "turns": 1,
+                "episode_seconds": time.monotonic() - started,
+            },
+        )
