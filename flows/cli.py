@@ -15,7 +15,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from core.config import Config, ConfigError, field_docs, load_config, to_yaml
+from core.config import Config, ConfigError, docs_markdown, load_config, to_yaml
 
 app = typer.Typer(help="Asynchronous RL for LLMs and LLM agents.", no_args_is_help=True, add_completion=False)
 config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
@@ -106,11 +106,8 @@ def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
 
 @config_app.command("docs")
 def config_docs() -> None:
-    """Print every config field with its type, default and help as a Markdown table."""
-    lines = ["| key | type | default | help |", "|---|---|---|---|"]
-    for key, type_name, default, help_text in field_docs():
-        lines.append(f"| `{key}` | {type_name} | `{default}` | {help_text} |")
-    console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+    """Print every config field with its type, default and help (the source of docs/config.md)."""
+    print(docs_markdown(), end="")
 
 
 if __name__ == "__main__":

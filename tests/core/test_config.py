@@ -10,6 +10,7 @@ from core.config import (
     Config,
     ConfigError,
     config_hash,
+    docs_markdown,
     field_docs,
     flatten,
     load_config,
@@ -149,6 +150,10 @@ def test_every_field_is_documented() -> None:
     assert undocumented == []
     keys = {key for key, *_ in rows}
     assert {"rollout.max_staleness", "algorithm.eps_clip", "data.synthetic.direct_fraction"} <= keys
+
+
+def test_docs_are_generated_from_the_schema() -> None:
+    assert (ROOT / "docs" / "config.md").read_text() == docs_markdown(), "run: asyncrl config docs > docs/config.md"
 
 
 def test_run_dir_layout() -> None:
