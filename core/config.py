@@ -123,6 +123,9 @@ class RolloutConfig:
     workflow: str = _f("core.rollout.rlvr:RLVRWorkflow", "Episode workflow, by import path.")
     reward_fn: str = _f("core.rewards.gsm8k:gsm8k_reward", "Reward function (completion, reference) -> float, by import path.")
     max_failure_rate: float = _f(0.2, "Stop the run when more than this share of episodes fail.")
+    max_turns: int = _f(4, "Tool-agent workflow: most model turns per episode.")
+    tool_latency_s: float = _f(0.0, "Tool-agent workflow: simulated latency per tool call (models remote tools/APIs).")
+    tool_timeout_s: float = _f(5.0, "Tool-agent workflow: wall-time limit of one sandboxed python call.")
 
 
 @dataclass

@@ -18,6 +18,9 @@ logger = logging.getLogger(__name__)
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
+# Agent tool tags (core.rollout.tools) as single, non-special tokens: decoding keeps them, and a
+# closing tag can be a stop token so a model turn ends exactly at its tool call.
+TOOL_TAG_TOKENS = ["<calc>", "</calc>", "<python>", "</python>", "<result>", "</result>"]
 
 
 def train_tokenizer(corpus: Iterable[str], vocab_size: int = 400) -> PreTrainedTokenizerFast:
@@ -53,6 +56,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 400) -> PreTrainedT
         unk_token=UNK,
         padding_side="left",  # batched generation appends on the right
     )
+    tokenizer.add_tokens(TOOL_TAG_TOKENS)
     logger.info("trained a byte-level BPE tokenizer with %d tokens", len(tokenizer))
     return tokenizer
 
