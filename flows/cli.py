@@ -20,6 +20,8 @@ from core.config import Config, ConfigError, docs_markdown, load_config, to_yaml
 app = typer.Typer(help="Asynchronous RL for LLMs and LLM agents.", no_args_is_help=True, add_completion=False)
 config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+engine_app = typer.Typer(help="Inference engines.", no_args_is_help=True)
+app.add_typer(engine_app, name="engine")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -108,6 +110,26 @@ def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
 def config_docs() -> None:
     """Print every config field with its type, default and help (the source of docs/config.md)."""
     print(docs_markdown(), end="")
+
+
+@engine_app.command("serve")
+def engine_serve(
+    model: Annotated[Path, typer.Option("--model", help="Hugging Face model folder.")],
+    port: Annotated[int, typer.Option(help="TCP port.")] = 30000,
+    host: Annotated[str, typer.Option(help="Bind address (loopback by default).")] = "127.0.0.1",
+    dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16.")] = "float32",
+    max_batch_size: Annotated[int, typer.Option(help="Most requests decoded together.")] = 128,
+    torch_threads: Annotated[int, typer.Option(help="torch threads for this process.")] = 1,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+) -> None:
+    """Serve a model with our engine behind SGLang's HTTP API (/generate, /update_weights_from_disk, ...)."""
+    if not (model / "config.json").is_file():
+        err_console.print(f"[bold red]error:[/] --model {model} is not a Hugging Face model folder (no config.json)")
+        raise typer.Exit(code=2)
+    _setup_logging(False)
+    from core.inference.server import serve
+
+    serve(model, host, port, dtype=dtype, max_batch_size=max_batch_size, torch_threads=torch_threads, seed=seed)
 
 
 if __name__ == "__main__":

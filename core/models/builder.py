@@ -25,6 +25,7 @@ from core.models.tokenizer import save_tokenizer, train_tokenizer
 
 logger = logging.getLogger(__name__)
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -81,6 +82,10 @@ def create_pretrained(
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """Load a tokenizer from a folder or hub id; batched generation needs left padding."""
+    folder = Path(path)
+    if folder.is_dir() and not any((folder / name).exists() for name in TOKENIZER_FILES):
+        # transformers 5 silently builds an *empty* tokenizer from config.json alone.
+        raise FileNotFoundError(f"no tokenizer files in {folder} (looked for {', '.join(TOKENIZER_FILES)})")
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:

@@ -53,6 +53,7 @@ class Group:
     sample_id: str
     trajectories: list[Trajectory]
     submitted_version: int
+    sample: dict[str, Any] = field(default_factory=dict)  # the dataset row it came from
 
     @property
     def oldest_version(self) -> int:

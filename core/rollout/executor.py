@@ -93,7 +93,7 @@ class RolloutExecutor:
         self.counters = RolloutCounters()
         self.version = 0  # the learner's version, as last published
         self._ready: list[Group] = []
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: dict[asyncio.Task, dict[str, Any]] = {}  # in-flight group -> its sample
         self._paused = False
         self._error: BaseException | None = None
         self._wakeup = asyncio.Event()  # capacity may have opened: the submitter looks again
@@ -153,6 +153,11 @@ class RolloutExecutor:
         self.counters.consumed = version * self.batch_size
         self._ready.clear()
 
+    def outstanding_samples(self) -> list[dict[str, Any]]:
+        """Samples drawn but not consumed yet: in flight, or finished and waiting in the buffer."""
+        in_flight = [sample for task, sample in self._tasks.items() if not task.done()]
+        return in_flight + [group.sample for group in self._ready]
+
     # ---------------------------------------------------------------- batches
     async def prepare_batch(self, timeout_s: float | None = None) -> list[Group]:
         """Wait for ``batch_size`` complete groups within the staleness bound, oldest first."""
@@ -187,13 +192,21 @@ class RolloutExecutor:
     # ---------------------------------------------------------------- internals
     async def _submit_loop(self, next_sample: SampleSource) -> None:
         while True:
+            if self.engine.version + self.max_staleness < self.version:
+                # Everything generated now would be dropped as stale: fail loudly, don't spin.
+                self._error = RolloutError(
+                    f"the engine serves version {self.engine.version} but the learner is at "
+                    f"{self.version} (η={self.max_staleness}): publish weights to the engine first"
+                )
+                self._poke()
+                return
             for _ in range(self.capacity()):
                 sample = next_sample()
                 self.counters.submitted += 1
                 self.counters.running += 1
                 task = asyncio.create_task(self._run_group(sample, self.version))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._tasks[task] = sample
+                task.add_done_callback(lambda t: self._tasks.pop(t, None))
             self._wakeup.clear()
             await self._wakeup.wait()
 
@@ -215,7 +228,7 @@ class RolloutExecutor:
         elif any(r is None for r in results):
             self.counters.rejected += 1
         else:
-            group = Group(sample_id, list(results), submitted_version=version)  # type: ignore[arg-type]
+            group = Group(sample_id, list(results), submitted_version=version, sample=sample)  # type: ignore[arg-type]
             for i, trajectory in enumerate(group.trajectories):
                 trajectory.metadata.update(sample_id=sample_id, group_index=i,
                                            group_seconds=time.monotonic() - started)

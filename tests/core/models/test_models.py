@@ -96,3 +96,10 @@ def test_save_and_from_pretrained_round_trip(tmp_path: Path) -> None:
 def test_load_model_rejects_bad_dtype(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="model.dtype='fp8'"):
         load_model(tmp_path, dtype="fp8")
+
+
+def test_load_tokenizer_refuses_a_folder_without_one(tmp_path: Path) -> None:
+    folder = create_pretrained("tiny", CORPUS, tmp_path / "m", vocab_size=300, seed=0)
+    load_model(folder).save_pretrained(tmp_path / "weights_only")
+    with pytest.raises(FileNotFoundError, match="no tokenizer files in .*weights_only"):
+        load_tokenizer(tmp_path / "weights_only")

@@ -306,3 +306,17 @@ def test_pause_stops_submission() -> None:
         await executor.stop()
 
     run(main())
+
+
+def test_engine_behind_the_learner_is_an_error_not_a_spin() -> None:
+    async def main():
+        engine = TickEngine()  # still at version 0
+        executor = make(engine, EchoWorkflow(n_tokens=2), eta=1)
+        executor.recover(3)
+        executor.start(sample_stream())
+        with pytest.raises(RolloutError, match="engine serves version 0 but the learner is at 3"):
+            await executor.prepare_batch(timeout_s=10)
+        assert executor.counters.submitted == 0
+        await executor.stop()
+
+    run(main())

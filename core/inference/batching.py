@@ -1,0 +1,258 @@
+"""Generation rounds: prefill new requests, then decode the whole batch one token per step.
+
+A round takes the engine's running requests and decodes one forward per step for all of them
+with a ``DynamicCache``, until every row is finished or the engine's ``should_stop`` ends it
+(pause, requests waiting to join, many finished rows). Between rounds the batch is kept
+(:class:`~core.inference.kv_batch.LiveBatch`): finished rows leave, new requests are prefilled on
+their own and join, and the surviving rows keep their KV cache. Where splicing caches is not
+possible (``splice=False``, or sliding-window/quantized cache layers) the next round re-prefills
+``prompt + generated-so-far`` of every row instead -- simple and exact, but on CPU it costs as
+much as the decoding itself at high concurrency (see ``reprefilled_tokens`` and ``prefill_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from core.inference.api import GenerationRequest, GenerationResponse, StopReason
+from core.inference.kv_batch import LiveBatch, left_pad, splice_supported
+from core.inference.sampling import BatchSampling, sample_next
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Slot:
+    """A request inside the engine: its output so far and the future its caller awaits."""
+
+    request: GenerationRequest
+    stop_ids: frozenset[int]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish: StopReason | None = None
+    n_interrupts: int = 0  # retracted and re-prefilled by a pause in "retract" mode
+    cancelled: bool = False  # the caller stopped waiting; drop silently
+
+    def on_future_done(self, future: asyncio.Future) -> None:
+        self.cancelled = future.cancelled()
+
+    def append(self, token: int, logprob: float, version: int) -> None:
+        self.output.append(token)
+        self.logprobs.append(logprob)
+        self.versions.append(version)
+        if token in self.stop_ids:
+            self.finish = "stop"
+        elif len(self.output) >= self.request.sampling.max_new_tokens:
+            self.finish = "length"
+
+    def response(self) -> GenerationResponse:
+        assert self.finish is not None
+        return GenerationResponse(
+            list(self.output),
+            list(self.logprobs),
+            list(self.versions),
+            self.finish,
+            self.n_interrupts,
+        )
+
+
+@dataclass
+class RoundStats:
+    """What one round cost."""
+
+    rows: int = 0
+    prefill_tokens: int = 0
+    reprefilled_tokens: int = 0  # generated tokens prefilled again (the cost of re-batching)
+    prefill_s: float = 0.0
+    decode_steps: int = 0
+    decode_s: float = 0.0
+    tokens: int = 0
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine started (written by the worker thread only)."""
+
+    requests_served: int = 0
+    tokens_generated: int = 0
+    batches: int = 0  # rounds: one prefill each, then decode steps
+    rows: int = 0  # requests summed over rounds
+    decode_steps: int = 0
+    prefill_tokens: int = 0
+    reprefilled_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    aborted: int = 0
+
+    def add(self, r: RoundStats) -> None:
+        self.batches += 1
+        self.rows += r.rows
+        self.decode_steps += r.decode_steps
+        self.tokens_generated += r.tokens
+        self.prefill_tokens += r.prefill_tokens
+        self.reprefilled_tokens += r.reprefilled_tokens
+        self.prefill_s += r.prefill_s
+        self.decode_s += r.decode_s
+
+    @property
+    def mean_batch_size(self) -> float:
+        """Requests per round (how many requests shared a prefill and their decode steps)."""
+        return self.rows / self.batches if self.batches else 0.0
+
+    @property
+    def mean_tokens_per_step(self) -> float:
+        """Live rows per decode step: the batch size the forward passes actually had."""
+        return self.tokens_generated / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def prefill_share(self) -> float:
+        """Share of model time spent prefilling (including re-prefills after re-batching)."""
+        total = self.prefill_s + self.decode_s
+        return self.prefill_s / total if total else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(
+            mean_batch_size=self.mean_batch_size,
+            mean_tokens_per_step=self.mean_tokens_per_step,
+            prefill_share=self.prefill_share,
+        )
+        return out
+
+
+class BatchDecoder:
+    """Runs rounds on one model; owned by the engine's worker thread."""
+
+    def __init__(
+        self, model: PreTrainedModel, pad_id: int, generator: torch.Generator, splice: bool = True
+    ) -> None:
+        self.model = model
+        self.pad_id = pad_id
+        self.generator = generator
+        self.splice = splice  # turned off for good if the cache layers cannot be spliced
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        # transformers 5.2x renamed ``past_key_values`` to ``cache``; the GPU image has an older 5.x.
+        params = inspect.signature(model.forward).parameters
+        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.tokens_total = 0  # live count of generated tokens (read by other threads)
+        self.live: LiveBatch | None = None
+
+    def reset(self) -> None:
+        """Forget the kept batch (after a pause that removed rows, a weight update, an error)."""
+        self.live = None
+
+    def _forward(self, ids, mask, positions, cache: DynamicCache) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,  # prefill needs only the last position's logits
+            **{self.cache_kwarg: cache},
+        )
+        return out.logits[:, -1, :].float()
+
+    def _prefill(self, slots: list[Slot], stats: RoundStats) -> tuple[LiveBatch, torch.Tensor]:
+        start = time.perf_counter()
+        sequences = [s.request.input_ids + s.output for s in slots]
+        stats.prefill_tokens += sum(len(seq) for seq in sequences)
+        # a slot with output was prefilled before: this is the cost of not splicing
+        stats.reprefilled_tokens += sum(
+            len(seq) for seq, s in zip(sequences, slots, strict=True) if s.output
+        )
+        ids, mask, positions = left_pad(sequences, self.pad_id, self.device)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask, positions, cache)
+        if self.splice and not splice_supported(cache):
+            logger.info("cache layers cannot be spliced: re-prefilling between rounds")
+            self.splice = False
+        stats.prefill_s += time.perf_counter() - start
+        return LiveBatch(slots, cache, mask, positions[:, -1:]), logits
+
+    def _step(self, live: LiveBatch, tokens: torch.Tensor, stats: RoundStats) -> torch.Tensor:
+        start = time.perf_counter()
+        logits = self._forward(*live.advance(tokens), live.cache)
+        stats.decode_s += time.perf_counter() - start
+        return logits
+
+    def _start_round(self, slots: list[Slot], stats: RoundStats) -> tuple[LiveBatch, torch.Tensor]:
+        """The batch for this round and its next-token logits: splice if we can, else prefill."""
+        live, self.live = self.live, None
+        if live is None or not self.splice:
+            return self._prefill(slots, stats)
+        wanted = {id(s) for s in slots}
+        keep = [i for i, s in enumerate(live.rows) if s.finish is None and id(s) in wanted]
+        if not keep:
+            return self._prefill(slots, stats)
+        known = {id(s) for s in live.rows}
+        new = [s for s in slots if id(s) not in known]
+        live.select(keep)
+        assert live.pending is not None
+        logits = self._step(live, live.pending, stats)
+        if new:
+            joining, new_logits = self._prefill(new, stats)
+            live.extend(joining)
+            logits = torch.cat([logits, new_logits], dim=0)
+        return live, logits
+
+    def run(
+        self,
+        slots: list[Slot],
+        version: int,
+        should_stop: Callable[[int, int, int], bool],
+        on_finish: Callable[[Slot], None],
+    ) -> RoundStats:
+        """Generate for ``slots`` until all finish or ``should_stop(steps, n_open, n_rows)``.
+
+        Each finished slot is handed to ``on_finish`` at once, so callers do not wait for the
+        slowest row of the round.
+        """
+        stats = RoundStats(rows=len(slots))
+        live, logits = self._start_round(slots, stats)
+        sampling = BatchSampling.from_params(
+            [s.request.sampling for s in live.rows], self.vocab_size, self.device
+        )
+        while True:
+            start = time.perf_counter()
+            tokens, logprobs = sample_next(logits, sampling, self.generator)
+            n_open = self._record(
+                live.rows, tokens.tolist(), logprobs.tolist(), version, on_finish, stats
+            )
+            stats.decode_s += time.perf_counter() - start
+            stats.decode_steps += 1
+            if n_open == 0:
+                return stats
+            if should_stop(stats.decode_steps, n_open, len(live)):
+                live.pending = tokens
+                self.live = live
+                return stats
+            logits = self._step(live, tokens, stats)
+
+    def _record(self, slots, tokens, logprobs, version, on_finish, stats: RoundStats) -> int:
+        n_open = 0
+        for slot, token, logprob in zip(slots, tokens, logprobs, strict=True):
+            if slot.finish is None and slot.cancelled:
+                slot.finish = "abort"  # nobody is waiting: stop spending compute on it
+            if slot.finish is not None:
+                continue
+            slot.append(token, logprob, version)
+            stats.tokens += 1
+            self.tokens_total += 1
+            if slot.finish is not None:
+                on_finish(slot)
+            else:
+                n_open += 1
+        return n_open

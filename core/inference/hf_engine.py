@@ -1,0 +1,367 @@
+"""An in-process inference engine on a Hugging Face causal LM, with step-wise batching.
+
+A dedicated worker thread owns the model. ``agenerate`` (a coroutine, possibly on another
+thread's event loop) queues a request and awaits an asyncio future that the worker resolves with
+``loop.call_soon_threadsafe``. The worker runs *rounds* (see :mod:`core.inference.batching`):
+the running requests plus up to ``max_batch_size`` waiting ones decode together, one forward per
+step for the whole batch, each finished request answered at once. After ``chunk_tokens`` steps a
+round ends when requests wait to join or enough rows are done; the next round keeps the
+survivors' KV cache and prefills only the newcomers (or, where caches cannot be spliced,
+re-prefills everyone from prompt + generated-so-far).
+
+Pausing (before a weight update) ends the round after the current forward step. In ``abort``
+mode every in-flight request returns ``stop_reason="abort"`` with its partial tokens (what
+:func:`~core.inference.api.generate_resuming` expects); ``retract`` puts them back in the queue to
+continue after resume under the new weights; ``drain`` lets them finish first. Requests that
+arrive while paused wait for :meth:`HFEngine.resume`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from core.inference.api import GenerationRequest, GenerationResponse, WeightSource
+from core.inference.batching import BatchDecoder, EngineStats, RoundStats, Slot
+from core.inference.sampling import validate_sampling
+from core.inference.weights import load_weights, read_state_dict
+
+logger = logging.getLogger(__name__)
+
+PauseMode = Literal["abort", "retract", "drain"]
+# A stronger mode overrides a weaker one when pause() is called again while paused.
+_PAUSE_STRENGTH = {"drain": 0, "retract": 1, "abort": 2}
+
+
+def _set_result(future: asyncio.Future, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def _call_in_loop(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+        pass
+
+
+class HFEngine:
+    """The :class:`~core.inference.api.InferenceEngine` protocol on a local HF model (CPU or CUDA)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        eos_token_ids: Iterable[int] | int | None = None,
+        pad_token_id: int | None = None,
+        max_batch_size: int = 128,
+        chunk_tokens: int = 16,
+        seed: int = 0,
+        version: int = 0,
+        splice: bool = True,
+        name: str = "hf-engine",
+    ) -> None:
+        if max_batch_size < 1 or chunk_tokens < 1:
+            raise ValueError("max_batch_size and chunk_tokens must be >= 1")
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.eos_token_ids = _eos_ids(eos_token_ids, tokenizer)
+        if pad_token_id is None:
+            pad_token_id = getattr(tokenizer, "pad_token_id", None)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._decoder = BatchDecoder(model, pad_token_id or 0, generator, splice=splice)
+        self.max_batch_size = max_batch_size
+        self.chunk_tokens = chunk_tokens
+        self.stats = EngineStats()
+        self._version = version
+        self._cond = threading.Condition()
+        self._model_lock = threading.Lock()  # held by a round or by a weight load
+        self._waiting: deque[Slot] = deque()
+        self._running: list[Slot] = []
+        self._pause_mode: PauseMode | None = None
+        self._idle_acks: list[cf.Future] = []
+        self._resume_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._worker, name=name, daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_dir: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str | None = None,
+        max_batch_size: int = 128,
+        chunk_tokens: int = 16,
+        seed: int = 0,
+        torch_threads: int | None = None,
+        attn_implementation: str = "sdpa",
+        splice: bool = True,
+        version: int = 0,
+    ) -> HFEngine:
+        """Load model (and tokenizer, for eos/pad ids, if the folder has one) from ``model_dir``.
+
+        ``torch_threads`` sets torch's *process-wide* intra-op thread count.
+        """
+        from core.models import load_model, load_tokenizer  # heavy imports only when used
+
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        model = load_model(model_dir, dtype=dtype, attn_implementation=attn_implementation)
+        model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        try:
+            tokenizer = load_tokenizer(model_dir)
+        except (OSError, ValueError):
+            tokenizer = None
+        # HF generate stops on generation_config's eos ids; chat models often list several.
+        eos = model.generation_config.eos_token_id
+        eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        return cls(
+            model, tokenizer, eos_token_ids=eos_ids, pad_token_id=model.config.pad_token_id,
+            max_batch_size=max_batch_size, chunk_tokens=chunk_tokens, seed=seed, splice=splice,
+            version=version,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ protocol
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def paused(self) -> bool:
+        return self._pause_mode is not None
+
+    @property
+    def tokens_generated(self) -> int:
+        """Tokens generated so far, counted live (``stats`` is updated once per round)."""
+        return self._decoder.tokens_total
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return sum(1 for s in self._running if s.finish is None)
+
+    async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
+        if not request.input_ids:
+            raise ValueError("input_ids must not be empty")
+        validate_sampling(request.sampling)
+        if request.sampling.max_new_tokens <= 0:
+            return GenerationResponse([], [], [], "length")
+        loop = asyncio.get_running_loop()
+        slot = Slot(
+            request=request,
+            stop_ids=frozenset(request.sampling.stop_token_ids) | self.eos_token_ids,
+            loop=loop,
+            future=loop.create_future(),
+        )
+        slot.future.add_done_callback(slot.on_future_done)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("engine is closed")
+            self._waiting.append(slot)
+            self._cond.notify_all()
+        return await slot.future
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        """Pause; returns once no forward pass is running and in-flight requests are settled."""
+        if mode not in _PAUSE_STRENGTH:
+            raise ValueError(f"pause mode {mode!r} is not one of {sorted(_PAUSE_STRENGTH)}")
+        with self._cond:
+            current = self._pause_mode
+            if current is None or _PAUSE_STRENGTH[mode] > _PAUSE_STRENGTH[current]:
+                self._pause_mode = mode
+        await self._wait_idle()
+
+    async def resume(self) -> None:
+        with self._cond:
+            self._pause_mode = None
+            waiters, self._resume_waiters = self._resume_waiters, []
+            self._cond.notify_all()
+        for loop, future in waiters:
+            _call_in_loop(loop, _set_result, future, None)
+
+    async def wait_until_resumed(self) -> None:
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            if self._pause_mode is None:
+                return
+            future = loop.create_future()
+            self._resume_waiters.append((loop, future))
+        await future
+
+    async def update_weights(self, source: WeightSource, version: int) -> None:
+        if not self.paused:
+            raise RuntimeError("update_weights needs a paused engine: call pause() first")
+        await self._wait_idle()
+        state = await asyncio.to_thread(read_state_dict, source)
+        await asyncio.to_thread(self._load, state, version)
+        logger.info("weights updated to version %d", version)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the worker; requests still queued or running fail with ``RuntimeError``."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+        with self._cond:
+            pending = list(self._waiting) + [s for s in self._running if s.finish is None]
+            self._waiting.clear()
+            self._running = []
+            acks, self._idle_acks = self._idle_acks, []
+        for slot in pending:
+            _call_in_loop(slot.loop, _set_exception, slot.future, RuntimeError("engine closed"))
+        for ack in acks:
+            ack.set_result(None)
+
+    def __enter__(self) -> HFEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _load(self, state, version: int) -> None:
+        with self._model_lock:
+            load_weights(self.model, state)
+            self._decoder.reset()  # a kept KV cache was computed with the old weights
+            # Set inside the lock: a round started right after sees new weights *and* version.
+            self._version = version
+
+    async def _wait_idle(self) -> None:
+        """Wait until the worker is between rounds and, being paused, will not start another."""
+        ack: cf.Future = cf.Future()
+        with self._cond:
+            if self._closed:
+                return
+            self._idle_acks.append(ack)
+            self._cond.notify_all()
+        await asyncio.wrap_future(ack)
+
+    def _worker(self) -> None:
+        with torch.inference_mode():  # grad mode is per thread: set it in the worker itself
+            while (batch := self._next_batch()) is not None:
+                stats = None
+                try:
+                    with self._model_lock:
+                        stats = self._decoder.run(
+                            batch, self._version, self._should_stop, self._resolve
+                        )
+                except Exception as exc:  # keep serving: fail this round's requests only
+                    logger.exception("generation round failed")
+                    self._decoder.reset()
+                    for slot in batch:
+                        if slot.finish is None:
+                            slot.finish = "abort"
+                            _call_in_loop(slot.loop, _set_exception, slot.future, exc)
+                self._end_round(batch, stats)
+
+    def _next_batch(self) -> list[Slot] | None:
+        with self._cond:
+            while not self._closed:
+                self._running = [s for s in self._running if s.finish is None]
+                mode = self._pause_mode
+                if mode is None:
+                    self._admit()
+                elif not (mode == "drain" and self._running):
+                    self._ack_idle()
+                    self._cond.wait()
+                    continue
+                if self._running:
+                    return list(self._running)
+                self._ack_idle()
+                self._cond.wait()
+            return None
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.max_batch_size:
+            slot = self._waiting.popleft()
+            if not slot.cancelled:
+                self._running.append(slot)
+
+    def _ack_idle(self) -> None:
+        acks, self._idle_acks = self._idle_acks, []
+        for ack in acks:
+            ack.set_result(None)
+
+    def _should_stop(self, steps: int, n_open: int, n_rows: int) -> bool:
+        """End the round? Read without the lock: a stale answer only shifts it by one step.
+
+        With cache splicing, a new round costs only the newcomers' prefill (and a cache copy to
+        drop finished rows), so after ``chunk_tokens`` steps we admit whoever waits. Without it,
+        every surviving row is re-prefilled, so we end the round only when that pays: the batch
+        grows by a quarter (or requests waited ``4 * chunk_tokens`` steps), or half the rows
+        are finished dead weight.
+        """
+        mode = self._pause_mode
+        if mode in ("abort", "retract") or self._closed:
+            return True
+        if mode == "drain" or steps < self.chunk_tokens:
+            return False
+        admissible = min(len(self._waiting), self.max_batch_size - n_open)
+        finished = n_rows - n_open
+        if self._decoder.splice:
+            return admissible > 0 or 4 * finished >= n_rows
+        if admissible > 0 and (4 * admissible >= n_open or steps >= 4 * self.chunk_tokens):
+            return True
+        return 2 * finished >= n_rows
+
+    def _resolve(self, slot: Slot) -> None:
+        if slot.cancelled:
+            return
+        if slot.finish == "abort":
+            self.stats.aborted += 1
+        self.stats.requests_served += 1
+        _call_in_loop(slot.loop, _set_result, slot.future, slot.response())
+
+    def _end_round(self, batch: list[Slot], stats: RoundStats | None) -> None:
+        with self._cond:
+            if stats is not None:
+                self.stats.add(stats)
+            unfinished = [s for s in batch if s.finish is None]
+            if self._pause_mode in ("abort", "retract"):
+                # The kept KV cache goes: its rows leave now, or come back after new weights.
+                self._decoder.reset()
+            if self._pause_mode == "abort":
+                for slot in unfinished:
+                    slot.finish = "abort"
+                    self._resolve(slot)
+            elif self._pause_mode == "retract":
+                for slot in reversed(unfinished):
+                    slot.n_interrupts += 1
+                    self._waiting.appendleft(slot)
+                self._running = []
+
+
+def _eos_ids(
+    eos_token_ids: Iterable[int] | int | None, tokenizer: PreTrainedTokenizerBase | None
+) -> frozenset[int]:
+    if eos_token_ids is None and tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos_token_ids = tokenizer.eos_token_id
+    if eos_token_ids is None:
+        return frozenset()
+    if isinstance(eos_token_ids, int):
+        return frozenset({eos_token_ids})
+    return frozenset(int(i) for i in eos_token_ids)

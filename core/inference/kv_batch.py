@@ -1,0 +1,104 @@
+"""A decoding batch whose rows can leave and join without re-prefilling the others.
+
+Rows are left-padded: every row's cached keys/values end at the same column, the attention mask
+hides each row's padding, and positions are tracked per row. So finished rows can be dropped
+(``index_select`` on the batch dimension, then trim columns that are padding in every row) and
+new rows, prefilled on their own, can be appended (left-pad the shorter cache with zeros, which
+the mask hides, and concatenate). This works on the plain ``DynamicLayer`` caches of
+full-attention models; :func:`splice_supported` says when it does not (sliding-window or
+quantized layers), and the decoder then re-prefills instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+
+def left_pad(
+    sequences: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask, position_ids)`` for left-padded ``sequences``."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+        mask[row, width - len(seq) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids.to(device), mask.to(device), positions.to(device)
+
+
+def _layers(cache: DynamicCache) -> list[Any]:
+    return list(getattr(cache, "layers", []) or [])
+
+
+def splice_supported(cache: DynamicCache) -> bool:
+    """True when every cache layer is a plain full-attention ``DynamicLayer`` holding tensors."""
+    layers = _layers(cache)
+    return bool(layers) and all(
+        type(layer).__name__ == "DynamicLayer"
+        and isinstance(getattr(layer, "keys", None), torch.Tensor)
+        and layer.keys.dim() == 4
+        for layer in layers
+    )
+
+
+@dataclass
+class LiveBatch:
+    """Rows decoding together: ``mask`` covers the cached tokens, ``positions`` is each row's
+    last cached position, ``pending`` the tokens sampled but not yet fed to the model."""
+
+    rows: list[Any]  # the engine's per-request objects, in batch order
+    cache: DynamicCache
+    mask: torch.Tensor  # [B, T]
+    positions: torch.Tensor  # [B, 1]
+    pending: torch.Tensor | None = None  # [B]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def advance(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Inputs for feeding ``tokens`` (one per row): ``(ids [B,1], mask, positions)``."""
+        ones = torch.ones((len(self), 1), dtype=self.mask.dtype, device=self.mask.device)
+        self.mask = torch.cat([self.mask, ones], dim=1)
+        self.positions = self.positions + 1
+        self.pending = None
+        return tokens[:, None], self.mask, self.positions
+
+    def select(self, keep: list[int]) -> None:
+        """Keep only rows ``keep`` (in that order) and drop columns that are padding for all."""
+        if keep == list(range(len(self.rows))):
+            return  # nothing left: avoid copying the cache
+        index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+        self.rows = [self.rows[i] for i in keep]
+        self.mask = self.mask.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+        if self.pending is not None:
+            self.pending = self.pending.index_select(0, index)
+        first = int(self.mask.any(dim=0).int().argmax())  # first column some row still uses
+        self.mask = self.mask[:, first:]
+        for layer in _layers(self.cache):
+            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
+            layer.values = layer.values.index_select(0, index)[:, :, first:]
+
+    def extend(self, other: LiveBatch) -> None:
+        """Append ``other``'s rows (its pending tokens are not carried: it must have none)."""
+        assert self.pending is None and other.pending is None, "feed pending tokens first"
+        width = max(self.mask.shape[1], other.mask.shape[1])
+
+        def pad(t: torch.Tensor, dim_from_end: int) -> torch.Tensor:
+            missing = width - t.shape[-dim_from_end]
+            spec = [0, 0] * (dim_from_end - 1) + [missing, 0]  # left-pad that dimension
+            return F.pad(t, spec) if missing else t
+
+        self.rows = self.rows + other.rows
+        self.mask = torch.cat([pad(self.mask, 1), pad(other.mask, 1)], dim=0)
+        self.positions = torch.cat([self.positions, other.positions], dim=0)
+        for mine, theirs in zip(_layers(self.cache), _layers(other.cache), strict=True):
+            mine.keys = torch.cat([pad(mine.keys, 2), pad(theirs.keys, 2)], dim=0)
+            mine.values = torch.cat([pad(mine.values, 2), pad(theirs.values, 2)], dim=0)

@@ -1,0 +1,136 @@
+"""The engine protocol over SGLang's native HTTP API (real SGLang or our ``core.inference.server``).
+
+Weight versions: our server reports one per token (``meta_info["output_token_versions"]``). Real
+SGLang does not; then every token of a response gets the server's ``meta_info["weight_version"]``
+when it is an integer, else the version this client last set. That is exact as long as weights
+only change while generation is paused, which is how :meth:`SGLangClient.update_weights` does it.
+
+Launch real SGLang with ``--skip-tokenizer-init`` (we send token ids) and without
+``SGLANG_RETURN_ORIGINAL_LOGPROB``, so returned logprobs are the temperature-scaled ones the
+learner recomputes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from core.inference.api import (
+    GenerationRequest,
+    GenerationResponse,
+    SamplingParams,
+    StopReason,
+    WeightSource,
+)
+from core.inference.http_client import HTTPEngineClient
+
+logger = logging.getLogger(__name__)
+
+_STOP_REASONS: dict[str, StopReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def sglang_sampling(params: SamplingParams) -> dict[str, Any]:
+    return {
+        "max_new_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,  # SGLang: -1 = off
+        "stop_token_ids": list(params.stop_token_ids),
+    }
+
+
+def _server_version(meta: dict[str, Any]) -> int | None:
+    try:
+        return int(meta["weight_version"])
+    except (KeyError, TypeError, ValueError):  # absent, or SGLang's default "default"
+        return None
+
+
+def parse_generate_response(data: dict[str, Any], fallback_version: int) -> GenerationResponse:
+    """SGLang ``/generate`` JSON -> :class:`GenerationResponse`."""
+    meta = data["meta_info"]
+    triples = meta.get("output_token_logprobs")
+    if triples is None:
+        raise ValueError("the server returned no output_token_logprobs (return_logprob ignored?)")
+    # Token ids from the logprob triples: they always align with the logprobs.
+    output_ids = [int(t[1]) for t in triples]
+    logprobs = [float(t[0]) for t in triples]
+    versions = meta.get("output_token_versions")
+    if versions is None or len(versions) != len(output_ids):
+        version = _server_version(meta)
+        versions = [fallback_version if version is None else version] * len(output_ids)
+    reason = meta.get("finish_reason")
+    kind = reason.get("type") if isinstance(reason, dict) else reason
+    if kind not in _STOP_REASONS:
+        raise ValueError(f"unexpected finish_reason {reason!r}")
+    return GenerationResponse(output_ids, logprobs, [int(v) for v in versions], _STOP_REASONS[kind])
+
+
+class SGLangClient(HTTPEngineClient):
+    """:class:`~core.inference.api.InferenceEngine` over one or more SGLang-API servers."""
+
+    def __init__(
+        self,
+        addresses: list[str],
+        *,
+        timeout_s: float = 600.0,
+        max_retries: int = 3,
+        retry_backoff_s: float = 0.5,
+        version: int = 0,
+        abort_on_update: bool = True,
+    ) -> None:
+        super().__init__(
+            addresses, timeout_s=timeout_s, max_retries=max_retries,
+            retry_backoff_s=retry_backoff_s, version=version,
+        )  # fmt: skip
+        self.abort_on_update = abort_on_update
+
+    async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
+        await self.wait_until_resumed()
+        url = self.urls[self.server_for(request.rid)]
+        payload = {
+            "input_ids": list(request.input_ids),
+            "sampling_params": sglang_sampling(request.sampling),
+            "return_logprob": True,
+            "rid": request.rid,
+        }
+        data = await self.request("POST", url + "/generate", payload)
+        resp = parse_generate_response(data, self._version)
+        if resp.stop_reason != "abort":
+            self.release(request.rid)
+        return resp
+
+    async def pause(self) -> None:
+        """Hold new requests here and abort the servers' in-flight ones."""
+        self._set_paused(True)
+        await self.post_all("/pause_generation", {"mode": "abort"})
+
+    async def resume(self) -> None:
+        await self.post_all("/continue_generation", {})
+        self._set_paused(False)
+
+    async def update_weights(self, source: WeightSource, version: int) -> None:
+        """Every server loads ``source.path`` (a folder all servers can read) as ``version``."""
+        if not self._paused:
+            raise RuntimeError("update_weights needs a paused engine: call pause() first")
+        if source.path is None:
+            raise ValueError("SGLang servers load weights from disk: WeightSource(path=...)")
+        payload = {
+            "model_path": source.path,
+            "abort_all_requests": self.abort_on_update,
+            "weight_version": str(version),
+        }
+        results = await self.post_all("/update_weights_from_disk", payload)
+        failed = [r for r in results if not (isinstance(r, dict) and r.get("success"))]
+        if failed:
+            raise RuntimeError(f"weight update to version {version} failed: {failed}")
+        self._version = version
+        logger.info("%d server(s) now serve weight version %d", len(self.urls), version)
+
+    async def server_versions(self) -> list[int | None]:
+        """Each server's weight version (``None`` where it is not an integer)."""
+        infos = await asyncio.gather(
+            *(self.request("GET", u + "/get_model_info") for u in self.urls)
+        )
+        return [_server_version(info) for info in infos]

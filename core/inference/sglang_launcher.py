@@ -1,0 +1,165 @@
+"""Start an SGLang server process on a GPU node and wait until it answers ``GET /health``.
+
+SGLang pins its own torch/transformers, so it lives in its own environment: point
+``python_executable`` at that environment's interpreter. The server runs in its own process
+group so :meth:`LaunchedServer.stop` also ends the scheduler/detokenizer processes it spawns.
+
+``module`` defaults to ``sglang.launch_server``; ``core.inference.server`` accepts the same
+flags, which is how the launcher is tested on CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SGLangLaunchSpec:
+    """How to start one server (one node, ``tp_size`` GPUs)."""
+
+    model_path: str
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp_size: int = 1
+    mem_fraction_static: float = 0.8
+    skip_tokenizer_init: bool = True
+    dtype: str = "auto"
+    python_executable: str = "python"
+    module: str = "sglang.launch_server"
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # added to the current environment
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def build_command(spec: SGLangLaunchSpec) -> list[str]:
+    cmd = [
+        spec.python_executable, "-m", spec.module,
+        "--model-path", str(spec.model_path),
+        "--host", spec.host,
+        "--port", str(spec.port),
+        "--tp-size", str(spec.tp_size),
+        "--mem-fraction-static", str(spec.mem_fraction_static),
+    ]  # fmt: skip
+    if spec.skip_tokenizer_init:
+        cmd.append("--skip-tokenizer-init")
+    cmd += ["--dtype", spec.dtype, *spec.extra_args]
+    return cmd
+
+
+def _log_tail(path: Path, n_lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n_lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class LaunchedServer:
+    """A running server process; a context manager that stops it on exit."""
+
+    def __init__(self, spec: SGLangLaunchSpec, proc: subprocess.Popen, log_path: Path) -> None:
+        self.spec = spec
+        self.proc = proc
+        self.log_path = log_path
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def address(self) -> str:
+        return self.spec.address
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, n_lines: int = 40) -> str:
+        return _log_tail(self.log_path, n_lines)
+
+    def stop(self, grace_s: float = 30.0) -> int | None:
+        """SIGTERM the process group; SIGKILL it after ``grace_s``. Returns the exit code."""
+        if self.alive():
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                logger.warning(
+                    "server pid %d ignored SIGTERM for %.0fs: killing", self.proc.pid, grace_s
+                )
+                self._signal(signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode
+
+    def _signal(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)  # start_new_session: the group id is the pid
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> LaunchedServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def launch(
+    spec: SGLangLaunchSpec,
+    log_path: str | Path,
+    health_timeout_s: float = 600.0,
+    poll_s: float = 0.5,
+) -> LaunchedServer:
+    """Start the server, logging to ``log_path``; return once ``/health`` answers 200.
+
+    Raises ``RuntimeError`` (with the log tail) if the process exits first, ``TimeoutError``
+    (after stopping it) if it is not healthy within ``health_timeout_s``.
+    """
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = build_command(spec)
+    logger.info("launching: %s", " ".join(cmd))
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env={**os.environ, **spec.env},
+        )  # fmt: skip
+    server = LaunchedServer(spec, proc, log_path)
+    deadline = time.monotonic() + health_timeout_s
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise RuntimeError(
+                f"server exited with code {proc.returncode} before it was healthy; "
+                f"log tail ({log_path}):\n{server.log_tail()}"
+            )
+        if _healthy(spec.url):
+            logger.info("server healthy at %s (pid %d)", spec.url, proc.pid)
+            return server
+        time.sleep(poll_s)
+    server.stop(grace_s=10)
+    raise TimeoutError(
+        f"server at {spec.url} not healthy after {health_timeout_s:.0f}s; log tail:\n{server.log_tail()}"
+    )

@@ -1,0 +1,160 @@
+"""Run an object in another process and call its methods: Ray actors, or plain subprocesses.
+
+The train loop talks to the rollout worker and to the learner ranks through :class:`Actor`, so
+the same loop runs on a Ray cluster (``scheduler.type=ray``) and on a laptop without Ray
+(``scheduler.type=local``: one spawned subprocess per actor, method calls over a pipe).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import multiprocessing as mp
+import os
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
+
+
+class Actor(Protocol):
+    """A remote object: ``call`` blocks, ``call_async`` returns a future; calls run in order."""
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
+
+    def call_async(self, method: str, *args: Any, **kwargs: Any) -> cf.Future: ...
+
+    def close(self) -> None: ...
+
+
+class ActorError(RuntimeError):
+    """A method raised inside an actor; the message carries the remote traceback."""
+
+
+def _serve(conn: Any, factory: Callable[..., Any], args: tuple, kwargs: dict, env: dict[str, str]) -> None:
+    os.environ.update(env)
+    try:
+        obj = factory(*args, **kwargs)
+    except BaseException:  # report construction failures to the parent, then exit
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            break
+        if message is None:
+            break
+        method, call_args, call_kwargs = message
+        try:
+            conn.send(("ok", getattr(obj, method)(*call_args, **call_kwargs)))
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
+    close = getattr(obj, "close", None)
+    if callable(close):
+        close()
+
+
+class ProcessActor:
+    """``factory(*args, **kwargs)`` built in a spawned subprocess; calls are sent over a pipe."""
+
+    def __init__(self, factory: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
+                 name: str = "actor", start_timeout_s: float = 300.0, **kwargs: Any) -> None:
+        ctx = mp.get_context("spawn")  # no forked torch/thread state in the child
+        self._conn, child = ctx.Pipe()
+        self.name = name
+        self.process = ctx.Process(target=_serve, args=(child, factory, args, kwargs, env or {}),
+                                   name=name, daemon=True)
+        self.process.start()
+        child.close()
+        self._lock = threading.Lock()
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        if not self._conn.poll(start_timeout_s):
+            self.close()
+            raise ActorError(f"{name} did not start within {start_timeout_s} s")
+        status, detail = self._conn.recv()
+        if status != "ready":
+            self.close()
+            raise ActorError(f"{name} failed to start:\n{detail}")
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            if not self.process.is_alive():
+                raise ActorError(f"{self.name} (pid {self.process.pid}) is not running")
+            self._conn.send((method, args, kwargs))
+            try:
+                status, value = self._conn.recv()
+            except EOFError:
+                raise ActorError(f"{self.name} died during {method}()") from None
+        if status == "error":
+            raise ActorError(f"{self.name}.{method}() failed:\n{value}")
+        return value
+
+    def call_async(self, method: str, *args: Any, **kwargs: Any) -> cf.Future:
+        return self._pool.submit(self.call, method, *args, **kwargs)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        if self.process.is_alive():
+            try:
+                with self._lock:
+                    self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self.process.join(timeout_s)
+        if self.process.is_alive():
+            logger.warning("%s did not stop in %.0f s; killing pid %s", self.name, timeout_s, self.process.pid)
+            self.process.kill()
+            self.process.join(5)
+        self._pool.shutdown(wait=False)
+
+
+class InProcessActor:
+    """The object in this process; ``call_async`` runs on one worker thread (calls stay ordered)."""
+
+    def __init__(self, factory: Callable[..., Any], *args: Any, name: str = "actor", **kwargs: Any) -> None:
+        self.obj = factory(*args, **kwargs)
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.obj, method)(*args, **kwargs)
+
+    def call_async(self, method: str, *args: Any, **kwargs: Any) -> cf.Future:
+        return self._pool.submit(self.call, method, *args, **kwargs)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        close = getattr(self.obj, "close", None)
+        if callable(close):
+            close()
+
+
+class RayActor:
+    """A Ray actor wrapped in the same interface (Ray must be initialised by the caller)."""
+
+    def __init__(self, factory: type, *args: Any, num_cpus: float = 1.0, num_gpus: float = 0.0,
+                 env: dict[str, str] | None = None, name: str = "actor", **kwargs: Any) -> None:
+        import ray
+
+        options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "name": None}
+        if env:
+            options["runtime_env"] = {"env_vars": env}
+        self.name = name
+        self.handle = ray.remote(factory).options(**options).remote(*args, **kwargs)
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self.call_async(method, *args, **kwargs).result()
+
+    def call_async(self, method: str, *args: Any, **kwargs: Any) -> cf.Future:
+        return getattr(self.handle, method).remote(*args, **kwargs).future()
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            ray.get(self.handle.close.remote(), timeout=30)
+        except Exception as err:  # the actor may already be gone; killing it is what matters
+            logger.debug("%s close(): %r", self.name, err)
+        ray.kill(self.handle)

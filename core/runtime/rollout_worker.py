@@ -1,0 +1,185 @@
+"""The rollout side of a run in one process: engine + workflow + staleness-bounded executor.
+
+It owns an asyncio event loop on a background thread, so episodes keep generating between calls
+(that is the asynchrony): the train loop only calls ``prepare_batch`` to take finished groups and
+``update_weights`` to publish. Every public method is synchronous and picklable-argument-only,
+so the same class runs in-process, as a Ray actor, or behind a process boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import torch
+
+from core.config import Config
+from core.data.dataloader import ResumableDataLoader
+from core.data.templates import render_prompt
+from core.inference.api import (
+    GenerationRequest,
+    InferenceEngine,
+    SamplingParams,
+    WeightSource,
+    generate_resuming,
+)
+from core.models import load_tokenizer
+from core.rewards.gsm8k import is_direct_answer
+from core.rewards.registry import SafeReward, resolve_reward
+from core.rollout.api import Group, Workflow
+from core.rollout.executor import RolloutExecutor
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def build_workflow(config: Config, tokenizer: Any) -> Workflow:
+    """Instantiate ``rollout.workflow`` (an import path to a class with ``from_config``)."""
+    module_name, _, attr = config.rollout.workflow.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"rollout.workflow={config.rollout.workflow!r} cannot be imported: {err}") from None
+    return cls.from_config(config, tokenizer)
+
+
+def build_engine(config: Config, model_dir: str, version: int = 0) -> InferenceEngine:
+    """Our in-process engine holding ``model_dir`` as ``version``, or a client for running servers
+    (which the train loop brings to the current version by publishing weights to them)."""
+    r = config.rollout
+    if r.engine == "hf":
+        from core.inference.hf_engine import HFEngine
+
+        return HFEngine.from_pretrained(
+            model_dir, dtype=config.model.dtype, max_batch_size=r.max_concurrent,
+            seed=config.experiment.seed, attn_implementation=config.model.attn_implementation,
+            version=version,
+        )  # fmt: skip
+    if r.engine == "sglang":
+        from core.inference.sglang_client import SGLangClient
+
+        return SGLangClient(list(r.server_addresses))
+    from core.inference.vllm_client import VLLMClient
+
+    return VLLMClient(list(r.server_addresses), model_name=config.model.path)
+
+
+class RolloutWorker:
+    """Engine, workflow and executor on a private event loop; synchronous methods for the driver."""
+
+    def __init__(self, config: Config, model_dir: str, train: list[dict], *, version: int = 0,
+                 state: dict[str, Any] | None = None) -> None:
+        torch.set_num_threads(max(1, config.scheduler.torch_threads))
+        self.config = config
+        self.tokenizer = load_tokenizer(config.model.tokenizer_path or model_dir)
+        self.loader = ResumableDataLoader(train, batch_size=1, shuffle=True, seed=config.experiment.seed)
+        if state is not None:
+            self.loader.load_state_dict(state["dataloader"])
+        # Samples drawn but not yet consumed: a checkpoint records the loader state from before
+        # the oldest of them, so a resumed run draws exactly the same prompts again.
+        self._outstanding: dict[str, dict[str, Any]] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
+        self._thread.start()
+        self.engine = build_engine(config, model_dir, version)
+        self.workflow = build_workflow(config, self.tokenizer)
+        algo = config.algorithm
+        group_filter = (lambda g: len(set(g.rewards)) > 1) if algo.dynamic_sampling else None
+        self.executor = self._run(self._make_executor(group_filter))
+        if version or state:
+            self.executor.recover(version, state.get("counters") if state else None)
+        self._call_soon(self.executor.start, self._next_sample)
+
+    async def _make_executor(self, group_filter: Any) -> RolloutExecutor:
+        c = self.config
+        return RolloutExecutor(
+            self.engine, self.workflow, batch_size=c.rollout.batch_size, group_size=c.algorithm.group_size,
+            max_staleness=c.rollout.max_staleness, max_concurrent=c.rollout.max_concurrent,
+            max_failure_rate=c.rollout.max_failure_rate, group_filter=group_filter,
+        )  # fmt: skip
+
+    def _next_sample(self) -> dict[str, Any]:
+        before = self.loader.state_dict()
+        sample = self.loader.next_samples(1)[0]
+        key = f"{sample['id']}@{before['epoch']}.{before['position']}"
+        sample = {**sample, "_draw": key}
+        self._outstanding[key] = before
+        return sample
+
+    # ------------------------------------------------------------------ driver API
+    def prepare_batch(self, timeout_s: float | None = None) -> list[Group]:
+        """Block until a batch of groups within the staleness bound is ready; take it."""
+        return self._run(self.executor.prepare_batch(timeout_s))
+
+    def update_weights(self, path: str, version: int) -> float:
+        """Pause submission → pause engine (in-flight requests abort) → load → resume. Seconds taken."""
+        start = time.perf_counter()
+        self._run(self._update(WeightSource(path=path), version))
+        return time.perf_counter() - start
+
+    def state_dict(self) -> dict[str, Any]:
+        """Dataloader position (from before any unconsumed draw) and executor counters."""
+        return self._run(self._state())
+
+    def stats(self) -> dict[str, Any]:
+        return {"version": self.executor.version, **self.executor.counters.as_dict()}
+
+    def evaluate(self, samples: list[dict], max_new_tokens: int) -> dict[str, Any]:
+        """Greedy accuracy on held-out ``samples`` through the engine (current weights)."""
+        return self._run(self._evaluate(samples, max_new_tokens))
+
+    def close(self) -> None:
+        self._run(self.executor.stop())
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ internals
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _call_soon(self, fn: Any, *args: Any) -> None:
+        self._loop.call_soon_threadsafe(fn, *args)
+
+    async def _update(self, source: WeightSource, version: int) -> None:
+        self.executor.pause()
+        await self.engine.pause()
+        await self.engine.update_weights(source, version)
+        self.executor.set_version(version)
+        await self.engine.resume()
+        self.executor.resume()
+
+    async def _state(self) -> dict[str, Any]:
+        live = {sample["_draw"] for sample in self.executor.outstanding_samples()}
+        self._outstanding = {key: state for key, state in self._outstanding.items() if key in live}
+        states = sorted(self._outstanding.values(), key=lambda st: (st["epoch"], st["position"]))
+        loader_state = states[0] if states else self.loader.state_dict()
+        return {"dataloader": loader_state, "counters": self.executor.counters.as_dict()}
+
+    async def _evaluate(self, samples: list[dict], max_new_tokens: int) -> dict[str, Any]:
+        reward = SafeReward(resolve_reward(self.config.rollout.reward_fn))
+        eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        greedy = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=eos)
+        template = self.config.data.template
+
+        async def one(sample: dict) -> tuple[float, str]:
+            prompt = self.tokenizer(render_prompt(sample["question"], template), add_special_tokens=False)
+            request = GenerationRequest(prompt["input_ids"], greedy)
+            response = await generate_resuming(self.engine, request)
+            text = self.tokenizer.decode(response.output_ids, skip_special_tokens=True)
+            return reward(text, sample["answer"]), text
+
+        results = await asyncio.gather(*(one(s) for s in samples))
+        n = len(results)
+        return {
+            "n": n,
+            "accuracy": sum(r for r, _ in results) / n,
+            "direct_share": sum(is_direct_answer(t) for _, t in results) / n,
+        }

@@ -1,0 +1,221 @@
+"""Our SGLang-API server over real HTTP, through the SGLang client (and raw requests)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import aiohttp
+import pytest
+import torch
+
+from core.inference.api import GenerationRequest, SamplingParams, WeightSource, generate_resuming
+from core.inference.hf_engine import HFEngine
+from core.inference.server import start_server
+from core.inference.sglang_client import SGLangClient
+from core.models import load_model
+from tests.core.inference.helpers import hf_greedy, run, teacher_logprobs, wait_for_tokens
+
+pytestmark = pytest.mark.integration
+
+GREEDY = SamplingParams(max_new_tokens=20, temperature=0.0)
+
+
+def test_greedy_over_http_matches_engine_and_hf(
+    servers, model_dir, engine, ref_model, tokenizer, prompts
+) -> None:
+    handle = servers.start(model_dir=model_dir)
+    chosen = prompts[:4]
+
+    async def main():
+        async with SGLangClient([handle.address]) as client:
+            remote = await asyncio.gather(
+                *(client.agenerate(GenerationRequest(p, GREEDY)) for p in chosen)
+            )
+        local = [await engine.agenerate(GenerationRequest(p, GREEDY)) for p in chosen]
+        return remote, local
+
+    remote, local = run(main())
+    expected = [hf_greedy(ref_model, tokenizer, p, 20) for p in chosen]
+    assert [r.output_ids for r in remote] == [r.output_ids for r in local] == expected
+    for r, loc in zip(remote, local, strict=True):
+        torch.testing.assert_close(
+            torch.tensor(r.logprobs), torch.tensor(loc.logprobs), atol=1e-4, rtol=0
+        )
+        assert r.versions == [0] * len(r.output_ids) and r.stop_reason == "length"
+
+
+def test_sglang_response_shapes(servers, model_dir, prompts) -> None:
+    handle = servers.start(model_dir=model_dir, seed=0)
+    prompt = prompts[0]
+
+    async def main():
+        async with aiohttp.ClientSession() as s:
+            body = {
+                "input_ids": prompt,
+                "sampling_params": {"max_new_tokens": 6, "temperature": 0, "top_k": -1},
+                "return_logprob": True,
+                "rid": "abc",
+            }
+            async with s.post(handle.url + "/generate", json=body) as r:
+                single = await r.json()
+            body["input_ids"] = [prompt, prompt[:5]]
+            body["rid"] = None
+            async with s.post(handle.url + "/generate", json=body) as r:
+                batch = await r.json()
+            async with s.post(handle.url + "/generate", json={"text": "hi"}) as r:
+                assert r.status == 400
+            async with s.get(handle.url + "/health") as r:
+                assert r.status == 200
+            async with s.get(handle.url + "/get_model_info") as r:
+                info = await r.json()
+        return single, batch, info
+
+    single, batch, info = run(main())
+    meta = single["meta_info"]
+    assert meta["id"] == "abc" and meta["prompt_tokens"] == len(prompt)
+    assert meta["completion_tokens"] == len(single["output_ids"]) == 6
+    assert meta["finish_reason"] == {"type": "length", "length": 6}
+    assert meta["weight_version"] == "0" and meta["output_token_versions"] == [0] * 6
+    triples = meta["output_token_logprobs"]
+    assert [t[1] for t in triples] == single["output_ids"] and all(t[2] is None for t in triples)
+    assert all(isinstance(t[0], float) and t[0] <= 0 for t in triples)
+    assert isinstance(batch, list) and len(batch) == 2
+    assert batch[0]["output_ids"] == single["output_ids"]
+    assert info == {
+        "model_path": str(model_dir),
+        "tokenizer_path": str(model_dir),
+        "is_generation": True,
+        "weight_version": "0",
+    }
+
+
+def test_stop_token_over_http(servers, model_dir, prompts) -> None:
+    handle = servers.start(model_dir=model_dir)
+
+    async def main():
+        async with SGLangClient([handle.address]) as client:
+            free = await client.agenerate(GenerationRequest(prompts[1], GREEDY))
+            stop = free.output_ids[3]
+            sampling = SamplingParams(max_new_tokens=20, temperature=0.0, stop_token_ids=[stop])
+            stopped = await client.agenerate(GenerationRequest(prompts[1], sampling))
+            return free, stop, stopped
+
+    free, stop, stopped = run(main())
+    cut = free.output_ids.index(stop) + 1
+    assert stopped.stop_reason == "stop" and stopped.output_ids == free.output_ids[:cut]
+
+
+def test_pause_update_from_disk_resume_over_http(
+    servers, model_dir, new_model_dir, prompts, ref_model, new_model
+) -> None:
+    engine = HFEngine(load_model(model_dir), None, seed=0)  # no eos: runs the full budget
+    handle = servers.start(engine=engine, model_dir=model_dir)
+    prompt = prompts[0]
+    request = GenerationRequest(prompt, SamplingParams(max_new_tokens=300, temperature=1.0))
+
+    async def main():
+        async with SGLangClient([handle.address]) as client:
+            task = asyncio.ensure_future(generate_resuming(client, request))
+            await wait_for_tokens(engine, 10)
+            await client.pause()
+            with pytest.raises(RuntimeError, match="paused"):
+                await SGLangClient([handle.address]).update_weights(
+                    WeightSource(path=str(new_model_dir)), 1
+                )
+            await client.update_weights(WeightSource(path=str(new_model_dir)), 1)
+            assert await client.server_versions() == [1]
+            await client.resume()
+            return await task, client.version
+
+    try:
+        resp, version = run(main())
+    finally:
+        engine.close()
+    assert version == 1 and resp.stop_reason == "length" and resp.n_resumes == 1
+    assert len(resp.output_ids) == 300
+    assert set(resp.versions) == {0, 1} and resp.versions == sorted(resp.versions)
+    versions = torch.tensor(resp.versions)
+    for v, model in ((0, ref_model), (1, new_model)):
+        expected = teacher_logprobs(model, prompt, resp.output_ids, 1.0)
+        mask = versions == v
+        torch.testing.assert_close(
+            torch.tensor(resp.logprobs)[mask], expected[mask], atol=1e-4, rtol=0
+        )
+
+
+def test_update_without_pause_drains_and_bumps_version(
+    servers, model_dir, new_model_dir, prompts
+) -> None:
+    """SGLang semantics: without abort_all_requests, in-flight requests finish first."""
+    handle = servers.start(model_dir=model_dir)
+    sampling = SamplingParams(max_new_tokens=60, temperature=1.0)
+
+    async def main():
+        async with SGLangClient([handle.address]) as client, aiohttp.ClientSession() as s:
+            task = asyncio.ensure_future(client.agenerate(GenerationRequest(prompts[2], sampling)))
+            await wait_for_tokens(handle.engine, 5)
+            body = {"model_path": str(new_model_dir), "abort_all_requests": False}
+            async with s.post(handle.url + "/update_weights_from_disk", json=body) as r:
+                result = await r.json()
+            done_before_update = task.done()
+            async with s.post(
+                handle.url + "/update_weights_from_disk", json={"model_path": "/nonexistent"}
+            ) as r:
+                failed = (r.status, await r.json())
+            return await task, result, done_before_update, failed
+
+    resp, result, done_before_update, failed = run(main())
+    assert result["success"] is True and handle.engine.version == 1
+    assert done_before_update and resp.stop_reason != "abort" and set(resp.versions) == {0}
+    assert failed[0] == 400 and failed[1]["success"] is False
+    assert not handle.engine.paused
+
+
+def test_round_robin_and_sticky_resumes(servers, model_dir, prompts) -> None:
+    a = servers.start(model_dir=model_dir)
+    b = servers.start(model_dir=model_dir)
+
+    async def main():
+        async with SGLangClient([a.address, b.address]) as client:
+            await asyncio.gather(
+                *(client.agenerate(GenerationRequest(p, GREEDY)) for p in prompts[:4])
+            )
+            # an aborted request's rid stays on its server; resubmissions follow it
+            sticky = client.server_for("resumed-rid")
+            assert [client.server_for("resumed-rid") for _ in range(3)] == [sticky] * 3
+            await client.agenerate(GenerationRequest(prompts[0], GREEDY, rid="resumed-rid"))
+            assert "resumed-rid" not in client._rid_server  # forgotten once finished
+
+    run(main())
+    assert a.engine.stats.requests_served + b.engine.stats.requests_served == 5
+    assert a.engine.stats.requests_served >= 2 and b.engine.stats.requests_served >= 2
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_client_retries_until_the_server_is_up(model_dir, engine, prompts) -> None:
+    port = _free_port()
+
+    async def main():
+        async with SGLangClient([f"127.0.0.1:{port}"], max_retries=6, retry_backoff_s=0.1) as c:
+            task = asyncio.ensure_future(c.agenerate(GenerationRequest(prompts[0], GREEDY)))
+            await asyncio.sleep(0.3)  # the first attempts hit a closed port
+            handle = await start_server(engine=engine, port=port)
+            try:
+                return await task
+            finally:
+                await handle.stop()
+
+    assert len(run(main()).output_ids) == 20
+
+    async def dead():
+        async with SGLangClient([f"127.0.0.1:{port}"], max_retries=1, retry_backoff_s=0.01) as c:
+            await c.agenerate(GenerationRequest(prompts[0], GREEDY))
+
+    with pytest.raises(aiohttp.ClientConnectionError):
+        run(dead())
