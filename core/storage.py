@@ -69,3 +69,14 @@ def upload_dir(local: str | Path, url: str) -> None:
     for file in sorted(Path(local).rglob("*")):
         if file.is_file():
             fs.put_file(str(file), f"{path}/{file.relative_to(local).as_posix()}")
+
+
+def upload_file(local: str | Path, url: str) -> None:
+    """Copy one local file to ``url`` (no-op when ``url`` is that file)."""
+    if is_local(url) and Path(local).resolve() == local_path(url).resolve():
+        return
+    fs, path = url_to_fs(url)
+    parent = path.rsplit("/", 1)[0]
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    fs.put_file(str(local), path)

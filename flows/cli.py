@@ -88,16 +88,27 @@ def _print_summary(summary: dict[str, Any]) -> None:
     table = Table(title=f"{summary['experiment']} / {summary['trial']}")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    before = summary["eval_before"]
-    after = summary.get("accuracy_after")
-    table.add_row("held-out problems", str(before["n"]))
-    table.add_row("accuracy before", f"{before['accuracy']:.3f} ± {before['stderr']:.3f}")
-    table.add_row("accuracy after", "—" if after is None else f"{after:.3f}")
-    table.add_row("answer-only share", f"{before['direct_share']:.2f}")
+
+    def fmt(value: Any, spec: str = ".3f") -> str:
+        return "—" if value is None else format(value, spec)
+
+    table.add_row("held-out problems", str(summary["data"]["n_test"]))
+    table.add_row("accuracy before RL", fmt(summary.get("accuracy_before")))
+    table.add_row("accuracy after RL", fmt(summary.get("accuracy_after")))
+    evals = summary.get("evals") or []
+    if evals:
+        table.add_row("answer-only share before → after",
+                      f"{evals[0]['direct_share']:.2f} → {evals[-1]['direct_share']:.2f}")
     table.add_row("RL steps", str(summary["steps"]))
+    if "samples_per_s" in summary:
+        table.add_row("samples/s (RL)", fmt(summary["samples_per_s"], ".1f"))
+        table.add_row("learner busy fraction", fmt(summary["learner_busy_fraction"], ".2f"))
+        table.add_row("staleness mean / max", f"{summary['mean_staleness']:.2f} / {summary['max_staleness_seen']}")
     table.add_row("wall time", f"{summary['wall_seconds']:.1f} s")
     console.print(table)
-    console.print(f"run folder: {summary['run_dir']}  (summary.json, config.yaml, data/, model_init/)")
+    console.print(f"run folder: {summary['run_dir']}  (summary.json, metrics.jsonl, config.yaml)")
+    if summary.get("checkpoint_url"):
+        console.print(f"checkpoints: {summary['checkpoint_url']}")
 
 
 @config_app.command("show")

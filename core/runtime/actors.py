@@ -62,7 +62,8 @@ class ProcessActor:
     """``factory(*args, **kwargs)`` built in a spawned subprocess; calls are sent over a pipe."""
 
     def __init__(self, factory: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
-                 name: str = "actor", start_timeout_s: float = 300.0, **kwargs: Any) -> None:
+                 name: str = "actor", start_timeout_s: float = 300.0, wait: bool = True,
+                 **kwargs: Any) -> None:
         ctx = mp.get_context("spawn")  # no forked torch/thread state in the child
         self._conn, child = ctx.Pipe()
         self.name = name
@@ -72,13 +73,19 @@ class ProcessActor:
         child.close()
         self._lock = threading.Lock()
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-        if not self._conn.poll(start_timeout_s):
+        self.start_timeout_s = start_timeout_s
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Block until the object is built (ranks of one process group must all start first)."""
+        if not self._conn.poll(self.start_timeout_s):
             self.close()
-            raise ActorError(f"{name} did not start within {start_timeout_s} s")
+            raise ActorError(f"{self.name} did not start within {self.start_timeout_s} s")
         status, detail = self._conn.recv()
         if status != "ready":
             self.close()
-            raise ActorError(f"{name} failed to start:\n{detail}")
+            raise ActorError(f"{self.name} failed to start:\n{detail}")
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         with self._lock:

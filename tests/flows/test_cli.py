@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "experiments" / "quickstart.yaml")
 runner = CliRunner()
 
-SMALL = ["data.n_train=200", "data.n_test=40", "eval.n_problems=40", "eval.max_new_tokens=8"]
+SMALL = ["data.n_train=200", "data.n_test=40", "eval.n_problems=40", "eval.max_new_tokens=8",
+         "sft.steps=5", "actor.total_steps=2", "rollout.batch_size=4", "algorithm.group_size=2",
+         "rollout.max_new_tokens=8", "eval.every_n_steps=0", "checkpoint.every_n_steps=0"]
 
 
 @pytest.mark.unit
@@ -63,12 +65,64 @@ def test_run_main_job_writes_summary(tmp_path: Path) -> None:
         env={**os.environ, "COLUMNS": "120"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "accuracy before" in proc.stdout
+    assert "accuracy before RL" in proc.stdout and "accuracy after RL" in proc.stdout
     run_dir = tmp_path / "quickstart" / "t"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["eval_before"]["n"] == 40
-    assert 0.0 <= summary["accuracy_before"] <= 1.0
+    assert summary["evals"][0]["n"] == 40 and summary["evals"][0]["version"] == 0
+    assert summary["evals"][-1]["version"] == 2 == summary["steps"]
+    assert 0.0 <= summary["accuracy_before"] <= 1.0 and 0.0 <= summary["accuracy_after"] <= 1.0
     assert summary["data"]["n_train"] == 200
-    assert (run_dir / "config.yaml").exists()
-    assert (run_dir / "model_init" / "config.json").exists()
+    assert summary["sft_final_loss"] is not None
+    for name in ("config.yaml", "model_init/config.json", "sft/config.json", "final/model.safetensors",
+                 "metrics.jsonl", "batches.jsonl"):
+        assert (run_dir / name).exists(), name
     assert len((run_dir / "data" / "test.jsonl").read_text().splitlines()) == 40
+
+
+@pytest.mark.integration
+def test_engine_serve_speaks_sglang_protocol(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    import httpx
+
+    from core.models import create_pretrained
+
+    model = create_pretrained("tiny", ["Question: 1+1?\nAnswer: #### 2"] * 20, tmp_path / "m", vocab_size=300, seed=0)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    exe = Path(sys.executable).parent / "asyncrl"
+    proc = subprocess.Popen([str(exe), "engine", "serve", "--model", str(model), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not become healthy"
+            time.sleep(0.3)
+        reply = httpx.post(f"{url}/generate", json={
+            "input_ids": [5, 6, 7], "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 6, "temperature": 0.0, "stop_token_ids": []},
+        }, timeout=60).json()
+        assert len(reply["output_ids"]) == 6
+        assert reply["meta_info"]["finish_reason"]["type"] == "length"
+        assert [t[1] for t in reply["meta_info"]["output_token_logprobs"]] == reply["output_ids"]
+        info = httpx.get(f"{url}/get_model_info", timeout=5).json()
+        assert info["model_path"] == str(model)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.unit
+def test_engine_serve_rejects_a_folder_without_a_model(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["engine", "serve", "--model", str(tmp_path)])
+    assert result.exit_code == 2
+    assert str(tmp_path) in result.output and "config.json" in result.output

@@ -202,13 +202,15 @@ def test_failed_namespace_setup_fails_closed(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_cancelled_call_kills_its_process() -> None:
+    before = {p.pid for p in _live_children()}  # e.g. a session-wide moto_server
+
     async def cancel_midway() -> None:
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(run_python("import time\ntime.sleep(60)", SandboxLimits(wall_time_s=30)), 0.5)
 
     asyncio.run(cancel_midway())
     deadline = time.monotonic() + 2.0
-    while (alive := _live_children()) and time.monotonic() < deadline:
+    while (alive := [p for p in _live_children() if p.pid not in before]) and time.monotonic() < deadline:
         time.sleep(0.05)  # SIGKILL was sent on cancellation; give the kernel a moment
     assert alive == []
 

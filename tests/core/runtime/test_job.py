@@ -15,7 +15,9 @@ from core.runtime.stages import build_or_load_model, evaluate_model, prepare_dat
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
-SMALL = ["data.n_train=200", "data.n_test=30", "eval.n_problems=30", "eval.max_new_tokens=8", "eval.batch_size=16"]
+# data → model → eval only (SFT and RL have their own tests in test_trainer.py)
+SMALL = ["data.n_train=200", "data.n_test=30", "eval.n_problems=30", "eval.max_new_tokens=8", "eval.batch_size=16",
+         "sft.enabled=false", "actor.total_steps=0"]
 
 
 @pytest.mark.e2e
@@ -41,7 +43,7 @@ def test_stages_on_bundled_gsm8k(tmp_path: Path) -> None:
         QUICKSTART,
         [f"cluster.fileroot={tmp_path}", "experiment.trial=g", "data.source=gsm8k",
          "data.gsm8k_path=bundled", "data.n_train=100", "data.n_test=8", "eval.n_problems=8",
-         "eval.max_new_tokens=4"],
+         "eval.max_new_tokens=4", "sft.enabled=false", "actor.total_steps=0"],
     )
     data = prepare_data(cfg)
     assert len(data.train) == 100 and len(data.test) == 8

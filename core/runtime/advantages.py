@@ -1,0 +1,69 @@
+"""From rewards to per-token advantages for one training batch, as the algorithm config says.
+
+Runs on the driver over the whole batch (group statistics and batch whitening need every row);
+the learner ranks then train on their shards of the result.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from core.algorithms import (
+    AlgorithmConfig,
+    gae_advantages,
+    grpo_advantages,
+    kl_penalized_rewards,
+    overlong_penalty,
+    place_at_last_token,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    shape_rewards,
+)
+from core.training.batch import TrainBatch
+
+
+def shaped_rewards(batch: TrainBatch, algo: AlgorithmConfig, max_new_tokens: int) -> torch.Tensor:
+    """``[N]`` rewards after bias/scale/clip and DAPO's overlong penalty."""
+    rewards = shape_rewards(batch.rewards, bias=algo.reward_bias, scale=algo.reward_scale, clip=algo.reward_clip)
+    if algo.overlong_reward_penalty:
+        lengths = batch.loss_mask.sum(dim=1)
+        max_len = algo.overlong_max_len or max_new_tokens
+        rewards = rewards + overlong_penalty(lengths, max_len, algo.overlong_buffer_len, algo.overlong_penalty_factor)
+    return rewards
+
+
+def with_advantages(
+    batch: TrainBatch,
+    algo: AlgorithmConfig,
+    *,
+    max_new_tokens: int,
+    values: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+) -> TrainBatch:
+    """``batch`` plus ``advantages`` ``[N, T]`` (and ``returns``/``old_values`` for a critic)."""
+    rewards = shaped_rewards(batch, algo, max_new_tokens)
+    mask = batch.loss_mask
+    token_rewards: torch.Tensor | None = None
+    if algo.kl_in_reward_coef > 0:
+        if ref_logprobs is None:
+            raise ValueError("algorithm.kl_in_reward_coef > 0 needs reference log-probs")
+        token_rewards = kl_penalized_rewards(rewards, batch.behaviour_logprobs, ref_logprobs, mask,
+                                             coef=algo.kl_in_reward_coef, kind=algo.kl_estimator)
+    estimator = algo.adv_estimator
+    fields: dict[str, torch.Tensor] = {}
+    if estimator == "gae":
+        if values is None:
+            raise ValueError("adv_estimator='gae' needs critic values (algorithm.use_critic=true)")
+        per_token = token_rewards if token_rewards is not None else place_at_last_token(rewards, mask)
+        advantages, returns = gae_advantages(per_token, values, mask, gamma=algo.gamma, lam=algo.lam)
+        fields.update(returns=returns, old_values=values)
+    elif estimator in ("reinforce_pp", "reinforce_pp_baseline"):
+        source = token_rewards if token_rewards is not None else rewards
+        baseline = "group" if estimator == "reinforce_pp_baseline" else "none"
+        advantages = reinforce_pp_advantages(source, mask, gamma=algo.gamma, baseline=baseline,
+                                             group_size=algo.group_size)
+    else:
+        per_sequence = {"grpo": lambda r: grpo_advantages(r, algo.group_size, normalize_std=algo.normalize_std),
+                        "rloo": lambda r: rloo_advantages(r, algo.group_size)}[estimator](rewards)
+        advantages = per_sequence[:, None] * mask
+    return batch.with_fields(advantages=advantages * mask, **fields)

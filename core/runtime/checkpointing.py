@@ -1,0 +1,89 @@
+"""Committed checkpoints under ``checkpoint.url`` (any fsspec URL), newest K kept.
+
+Layout of one checkpoint::
+
+    {url}/step-000020/learner/policy/   sharded learner state (DCP: model, optimizer, schedule)
+    {url}/step-000020/learner/critic/   (PPO presets)
+    {url}/step-000020/hf/               the policy as a from_pretrained folder
+    {url}/step-000020/recover.json      version, data position, executor counters, RNG, config hash
+    {url}/step-000020/COMMITTED         written last: a checkpoint without it is torn and ignored
+
+Storage calls are retried with exponential backoff (object stores fail transiently).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+from fsspec.core import url_to_fs
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from core.storage import join
+
+logger = logging.getLogger(__name__)
+
+MARKER = "COMMITTED"
+_STEP = re.compile(r"step-(\d+)$")
+_retry = retry(retry=retry_if_exception_type(OSError), stop=stop_after_attempt(5),
+               wait=wait_exponential(multiplier=0.5, max=8), reraise=True)
+
+
+class CheckpointManager:
+    """Lists, commits and prunes the checkpoints of one run."""
+
+    def __init__(self, url: str, keep_last: int = 2) -> None:
+        if keep_last < 1:
+            raise ValueError(f"checkpoint.keep_last must be >= 1, got {keep_last}")
+        self.url = url.rstrip("/")
+        self.keep_last = keep_last
+        self.fs, self.root = url_to_fs(self.url)
+
+    def path(self, step: int) -> str:
+        return join(self.url, f"step-{step:06d}")
+
+    @_retry
+    def committed_steps(self) -> list[int]:
+        """Steps whose checkpoint has its commit marker, oldest first."""
+        if not self.fs.exists(self.root):
+            return []
+        self.fs.invalidate_cache(self.root)
+        steps = []
+        for entry in self.fs.ls(self.root, detail=False):
+            match = _STEP.search(entry.rstrip("/"))
+            if match and self.fs.exists(f"{entry.rstrip('/')}/{MARKER}"):
+                steps.append(int(match.group(1)))
+        return sorted(steps)
+
+    def latest(self) -> int | None:
+        steps = self.committed_steps()
+        return steps[-1] if steps else None
+
+    @_retry
+    def commit(self, step: int, recover: dict[str, Any]) -> None:
+        """Write ``recover.json`` then the marker (last), then drop checkpoints beyond ``keep_last``."""
+        _, base = url_to_fs(self.path(step))
+        self.fs.makedirs(base, exist_ok=True)
+        with self.fs.open(f"{base}/recover.json", "w") as f:
+            f.write(json.dumps(recover, indent=1, sort_keys=True, default=str))
+        with self.fs.open(f"{base}/{MARKER}", "w") as f:
+            f.write(str(step))
+        logger.info("committed checkpoint %s", self.path(step))
+        self._prune()
+
+    @_retry
+    def load_recover(self, step: int) -> dict[str, Any]:
+        _, base = url_to_fs(self.path(step))
+        with self.fs.open(f"{base}/recover.json", "r") as f:
+            return json.loads(f.read())
+
+    def _prune(self) -> None:
+        steps = self.committed_steps()
+        for old in steps[: max(0, len(steps) - self.keep_last)]:
+            _, base = url_to_fs(self.path(old))
+            # Remove the marker first: a half-deleted checkpoint must never look committed.
+            self.fs.rm(f"{base}/{MARKER}")
+            self.fs.rm(base, recursive=True)
+            logger.info("removed old checkpoint %s", self.path(old))

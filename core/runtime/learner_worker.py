@@ -1,0 +1,154 @@
+"""One learner rank: the policy (and, for PPO presets, the critic and a frozen reference).
+
+The driver sends every rank the whole batch; each rank trains on its share of whole groups
+(``shard_rows``), so FSDP2's data parallelism sees the same global batch however many ranks run.
+Every method here is collective: the driver calls it on all ranks at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from core.algorithms import AlgorithmConfig
+from core.config import Config
+from core.training import (
+    Learner,
+    PolicyLoss,
+    SFTLoss,
+    TrainBatch,
+    ValueLoss,
+    barrier,
+    init_distributed,
+    is_main,
+    shard_rows,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class LearnerWorker:
+    """Policy learner (+ critic/reference when the algorithm needs them) on one rank."""
+
+    def __init__(self, config: Config, model_dir: str, *, mode: str = "rl") -> None:
+        torch.set_num_threads(max(1, config.scheduler.torch_threads))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if self.world_size > 1:
+            init_distributed()
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.config = config
+        self.algo: AlgorithmConfig = config.algorithm
+        a, s = config.algorithm, config.sft
+        common = dict(micro_batch_tokens=config.actor.micro_batch_tokens, dtype=config.model.dtype,
+                      seed=config.experiment.seed, temperature=config.rollout.temperature)
+        if mode == "sft":
+            self.policy = Learner(model_dir, lr=s.lr, weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm,
+                                  warmup_steps=s.warmup_steps, total_steps=s.steps, min_lr_ratio=s.min_lr_ratio,
+                                  betas=(0.9, 0.98), **common)
+            self.critic = None
+            return
+        steps = config.actor.total_steps * a.ppo_n_minibatches
+        reference = model_dir if a.kl_coef > 0 or a.kl_in_reward_coef > 0 else None
+        self.policy = Learner(model_dir, lr=a.lr, weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm,
+                              warmup_steps=0, total_steps=max(1, steps), min_lr_ratio=1.0,
+                              reference_model_dir=reference, **common)
+        self.critic = (
+            Learner(config.critic.path or model_dir, with_value_head=True, lr=a.critic_lr,
+                    weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm, warmup_steps=0,
+                    total_steps=max(1, steps), min_lr_ratio=1.0, **common)
+            if a.use_critic else None
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ per-step work
+    def _shard(self, batch: TrainBatch, group_size: int | None = None) -> TrainBatch:
+        size = self.algo.group_size if group_size is None else group_size
+        return shard_rows(batch, self.rank, self.world_size, group_size=size)
+
+    def _gather_rows(self, shard_values: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
+        """Every rank's ``[n_r, T_r]`` shard output, reassembled to the batch's ``[N, T]``."""
+        if self.world_size == 1:
+            return _pad_to(shard_values, batch.width)
+        gathered: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(gathered, shard_values)
+        return torch.cat([_pad_to(g, batch.width) for g in gathered])
+
+    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
+        """Critic values ``[N, T]`` for the whole batch (for GAE on the driver)."""
+        assert self.critic is not None, "compute_values needs algorithm.use_critic"
+        return self._gather_rows(self.critic.compute_values(self._shard(batch)), batch)
+
+    def compute_ref_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Reference-policy log-probs ``[N, T]`` for the whole batch (KL in the reward)."""
+        return self._gather_rows(self.policy.compute_reference_logprobs(self._shard(batch)), batch)
+
+    def rl_update(self, batch: TrainBatch) -> dict[str, float]:
+        """Proximal/reference log-probs, ``ppo_n_minibatches`` policy steps, critic steps; version + 1."""
+        a = self.algo
+        shard = self._shard(batch)
+        extra: dict[str, torch.Tensor] = {}
+        if a.decoupled and not a.use_loglinear_proximal:
+            # π_prox: the learner's weights before this update (AReaL's decoupled PPO).
+            extra["proximal_logprobs"] = self.policy.compute_logprobs(shard)
+        if a.kl_coef > 0:
+            extra["ref_logprobs"] = self.policy.compute_reference_logprobs(shard)
+        shard = shard.with_fields(**extra)
+        loss = PolicyLoss(a, current_version=self.policy.version)
+        steps = self.policy.update(shard, loss, n_minibatches=a.ppo_n_minibatches, group_size=a.group_size)
+        stats = _mean_stats(steps, prefix="actor/")
+        if self.critic is not None:
+            critic_loss = ValueLoss(value_clip=a.value_clip, aggregation=a.loss_aggregation,
+                                    norm_constant=a.loss_norm_constant)
+            critic_steps = self.critic.update(shard, critic_loss, n_minibatches=a.ppo_n_minibatches,
+                                              group_size=a.group_size)
+            stats.update(_mean_stats(critic_steps, prefix="critic/"))
+        stats["version"] = float(self.policy.version)
+        return stats
+
+    def sft_step(self, batch: TrainBatch) -> dict[str, float]:
+        return self.policy.train_step(self._shard(batch, group_size=1), SFTLoss())
+
+    # ------------------------------------------------------------------ weights and state
+    def export(self, directory: str) -> str:
+        """HF folder of the current policy (rank 0 writes; collective)."""
+        self.policy.export_hf(directory)
+        barrier()
+        return directory
+
+    def save_checkpoint(self, url: str) -> None:
+        self.policy.save_checkpoint(f"{url}/policy")
+        if self.critic is not None:
+            self.critic.save_checkpoint(f"{url}/critic")
+
+    def load_checkpoint(self, url: str) -> int:
+        self.policy.load_checkpoint(f"{url}/policy")
+        if self.critic is not None:
+            self.critic.load_checkpoint(f"{url}/critic")
+        return self.policy.version
+
+    def is_main(self) -> bool:
+        return is_main()
+
+    def close(self) -> None:
+        if self.world_size > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _pad_to(values: torch.Tensor, width: int) -> torch.Tensor:
+    if values.shape[1] >= width:
+        return values[:, :width]
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
+
+
+def _mean_stats(steps: list[dict[str, float]], prefix: str) -> dict[str, float]:
+    keys = steps[0].keys()
+    out = {f"{prefix}{k}": sum(s[k] for s in steps) / len(steps) for k in keys}
+    out[f"{prefix}seconds"] = sum(s["seconds"] for s in steps)
+    return out
+
+
+def export_path(root: str | Path, version: int) -> str:
+    return str(Path(root) / f"v{version:06d}")

@@ -1,0 +1,71 @@
+"""Supervised warm start: the learner's masked NLL on prompt → solution (+ eos)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from core.config import Config
+from core.data.dataloader import ResumableDataLoader
+from core.data.templates import render_prompt
+from core.models import load_tokenizer
+from core.rollout.api import Trajectory
+from core.runtime.metrics import MetricSink
+from core.runtime.placement import start_learners
+from core.storage import join, local_path, upload_dir
+from core.training import collate
+
+logger = logging.getLogger(__name__)
+
+
+def sft_example(prompt_ids: list[int], answer_ids: list[int], eos_id: int) -> Trajectory:
+    """Loss on the solution and eos only (the model learns to answer, not to ask)."""
+    target = answer_ids + [eos_id]
+    n_prompt = len(prompt_ids)
+    return Trajectory(
+        input_ids=prompt_ids + target,
+        loss_mask=[0] * n_prompt + [1] * len(target),
+        logprobs=[0.0] * (n_prompt + len(target)),
+        versions=[-1] * (n_prompt + len(target)),
+        reward=0.0,
+        prompt_len=n_prompt,
+    )
+
+
+def sft_warm_start(
+    config: Config,
+    model_dir: str | Path,
+    train: list[dict],
+    sink: MetricSink,
+    on_step: Callable[[int], None] | None = None,
+) -> Path:
+    """Run ``sft.steps`` optimizer steps; returns the local HF folder of the warm-started model."""
+    sft = config.sft
+    tokenizer = load_tokenizer(config.model.tokenizer_path or model_dir)
+    template = config.data.template
+    examples = [
+        sft_example(tokenizer(render_prompt(row["question"], template), add_special_tokens=False)["input_ids"],
+                    tokenizer(row["answer"], add_special_tokens=False)["input_ids"], tokenizer.eos_token_id)
+        for row in train
+    ]
+    loader = ResumableDataLoader(examples, batch_size=sft.batch_size, shuffle=True, seed=config.experiment.seed)
+    learners = start_learners(config, str(model_dir), mode="sft")
+    started = time.perf_counter()
+    try:
+        for step in range(sft.steps):
+            batch = collate(loader.next_batch(), tokenizer.pad_token_id)
+            stats = learners.call("sft_step", batch)
+            sink.log_metrics({"sft/loss": stats["loss"], "sft/lr": stats["lr"], "sft/grad_norm": stats["grad_norm"],
+                              "sft/tokens_per_s": stats["tokens"] / max(stats["seconds"], 1e-9)}, step)
+            if on_step is not None:
+                on_step(1)
+        url = join(config.run_dir, "sft")
+        out = local_path(url)
+        learners.call("export", str(out))
+        upload_dir(out, url)
+    finally:
+        learners.close()
+    logger.info("SFT: %d steps in %.1f s", sft.steps, time.perf_counter() - started)
+    return out

@@ -1,0 +1,254 @@
+"""The RL train loop: one loop for every algorithm preset, synchronous (η = 0) or asynchronous.
+
+Per step (DESIGN.md, "The async loop"):
+
+    prepare_batch under η  →  critic values / reference log-probs if the preset needs them
+    →  advantages  →  proximal log-probs + ppo_n_minibatches updates (learner ranks)  →  version+1
+    →  publish weights (export a HF folder; the engine pauses, aborts in-flight requests, loads,
+       resumes)  →  periodic eval and checkpoint
+
+The rollout worker keeps generating in its own process while the learner trains, up to the
+staleness bound; with η = 0 it admits exactly one batch per version, which is synchronous RL.
+The learner's *busy fraction* (time training / wall time) is the honest measure of overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.config import Config, config_hash
+from core.models import load_tokenizer
+from core.rollout.api import Group
+from core.runtime.advantages import with_advantages
+from core.runtime.checkpointing import CheckpointManager
+from core.runtime.metrics import MetricSink
+from core.runtime.placement import LearnerGroup, start_learners, start_rollout
+from core.storage import is_local, join, local_path, upload_dir
+from core.training import TrainBatch, collate
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RLResult:
+    """What the RL stage leaves behind."""
+
+    final_model_dir: str
+    version: int
+    steps_run: int
+    checkpoint_url: str
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, float] = field(default_factory=dict)
+    rollout_stats: dict[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_url(config: Config) -> str:
+    return config.checkpoint.url or join(config.run_dir, "checkpoints")
+
+
+def to_batch(groups: list[Group], pad_id: int) -> TrainBatch:
+    """Groups → one padded batch; each group's trajectories stay consecutive."""
+    return collate([t for g in groups for t in g.trajectories], pad_id)
+
+
+def _rng_state() -> dict[str, Any]:
+    """The driver's RNG states as JSON-friendly lists."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(), "numpy": [name, keys.tolist(), pos, has_gauss, gauss],
+            "torch": torch.get_rng_state().tolist()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    np_state = state["numpy"]
+    np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+
+
+class Trainer:
+    """Owns the rollout worker and the learner group for one RL stage."""
+
+    def __init__(self, config: Config, model_dir: str | Path, train: list[dict], test: list[dict],
+                 sink: MetricSink, on_step: Callable[[int], None] | None = None) -> None:
+        self.config = config
+        self.model_dir = str(model_dir)
+        self.train = train
+        self.test = test[: config.eval.n_problems or len(test)]
+        self.sink = sink
+        self.on_step = on_step
+        self.ckpt = CheckpointManager(checkpoint_url(config), config.checkpoint.keep_last)
+        self.publish_root = local_path(join(config.run_dir, "weights"))
+        self.pad_id = load_tokenizer(config.model.tokenizer_path or model_dir).pad_token_id
+        self.evals: list[dict[str, Any]] = []
+        self.batches_path = local_path(join(config.run_dir, "batches.jsonl"))
+        self.batches_path.parent.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> RLResult:
+        cfg = self.config
+        start, init_dir, rollout_state = self._recover()
+        learners = start_learners(cfg, init_dir)
+        rollout = None
+        try:
+            if start:
+                learners.call("load_checkpoint", join(self.ckpt.path(start), "learner"))
+            rollout = start_rollout(cfg, init_dir, self.train, version=start, state=rollout_state)
+            version = start
+            if not self.evals:
+                self._evaluate(rollout, version)  # the starting point, same engine and settings
+            totals = {"samples": 0, "tokens": 0, "train_s": 0.0, "wall_s": 0.0}
+            run_started = time.perf_counter()
+            for step in range(start, cfg.actor.total_steps):
+                version = self._step(step, learners, rollout, totals)
+                last = step + 1 == cfg.actor.total_steps
+                if self._due(cfg.eval.every_n_steps, step) and not last:
+                    self._evaluate(rollout, version)
+                if self._due(cfg.checkpoint.every_n_steps, step) or last:
+                    self._checkpoint(learners, rollout, version)
+            totals["wall_s"] = time.perf_counter() - run_started
+            if not self.evals or self.evals[-1]["version"] != version:
+                self._evaluate(rollout, version)
+            final_dir = self._export(learners, version)
+            stats = rollout.call("stats")
+        finally:
+            if rollout is not None:
+                rollout.close()
+            learners.close()
+        return RLResult(final_model_dir=final_dir, version=version, steps_run=cfg.actor.total_steps - start,
+                        checkpoint_url=self.ckpt.url, evals=self.evals, summary=self._summary(totals),
+                        rollout_stats=stats)
+
+    def _step(self, step: int, learners: LearnerGroup, rollout: Any, totals: dict[str, float]) -> int:
+        cfg, algo = self.config, self.config.algorithm
+        t0 = time.perf_counter()
+        groups: list[Group] = rollout.call("prepare_batch", 3600.0)
+        t_wait = time.perf_counter() - t0
+        batch = to_batch(groups, self.pad_id)
+        values = learners.call("compute_values", batch) if algo.use_critic else None
+        ref = learners.call("compute_ref_logprobs", batch) if algo.kl_in_reward_coef > 0 else None
+        batch = with_advantages(batch, algo, max_new_tokens=cfg.rollout.max_new_tokens, values=values,
+                                ref_logprobs=ref)
+        stats = learners.call("rl_update", batch)
+        version = int(stats["version"])
+        t_train = time.perf_counter() - t0 - t_wait
+        publish_s = self._publish(learners, rollout, version)
+        wall = time.perf_counter() - t0
+        staleness = [step - g.oldest_version for g in groups]
+        n_tokens = int(batch.loss_mask.sum())
+        totals["samples"] += len(batch)
+        totals["tokens"] += n_tokens
+        totals["train_s"] += t_train
+        rewards = batch.rewards
+        metrics = {
+            "reward/mean": float(rewards.mean()),
+            "reward/accuracy": float((rewards > 0.5).float().mean()),
+            "staleness/mean": float(np.mean(staleness)),
+            "staleness/max": float(max(staleness)),
+            "throughput/samples_per_s": len(batch) / wall,
+            "throughput/tokens_per_s": n_tokens / wall,
+            "time/wait_rollout_s": t_wait,
+            "time/train_s": t_train,
+            "time/publish_s": publish_s,
+            "time/step_s": wall,
+            "learner/busy_fraction": t_train / wall,
+            "response/mean_tokens": n_tokens / len(batch),
+            **{k: v for k, v in stats.items() if k.startswith(("actor/", "critic/"))},
+        }
+        self.sink.log_metrics(metrics, step)
+        self._log_batch(step, version, groups, staleness)
+        logger.info("step %d: reward %.3f, staleness %.2f/%d, wait %.2fs train %.2fs publish %.2fs",
+                    step, metrics["reward/mean"], metrics["staleness/mean"], int(metrics["staleness/max"]),
+                    t_wait, t_train, publish_s)
+        if self.on_step is not None:
+            self.on_step(1)
+        return version
+
+    # ------------------------------------------------------------------ pieces
+    def _log_batch(self, step: int, version: int, groups: list[Group], staleness: list[int]) -> None:
+        """``batches.jsonl``: which prompts each step trained on (for audits and resume checks)."""
+        row = {"step": step, "version": version, "sample_ids": [g.sample_id for g in groups],
+               "staleness": staleness, "rewards": [g.rewards for g in groups]}
+        with self.batches_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def _publish(self, learners: LearnerGroup, rollout: Any, version: int) -> float:
+        """Export the new weights and swap them into the engine(s); returns seconds."""
+        t0 = time.perf_counter()
+        directory = self.publish_root / f"v{version:06d}"
+        learners.call("export", str(directory))
+        rollout.call("update_weights", str(directory), version)
+        previous = self.publish_root / f"v{version - 1:06d}"
+        if previous.exists():  # the engine has loaded the new folder; the old one is done
+            shutil.rmtree(previous, ignore_errors=True)
+        return time.perf_counter() - t0
+
+    def _evaluate(self, rollout: Any, version: int) -> None:
+        t0 = time.perf_counter()
+        result = rollout.call("evaluate", self.test, self.config.eval.max_new_tokens)
+        result.update(version=version, seconds=time.perf_counter() - t0)
+        self.evals.append(result)
+        self.sink.log_metrics({"eval/accuracy": result["accuracy"], "eval/direct_share": result["direct_share"]},
+                              version)
+        logger.info("eval at version %d: accuracy %.3f (n=%d)", version, result["accuracy"], result["n"])
+
+    def _checkpoint(self, learners: LearnerGroup, rollout: Any, version: int) -> None:
+        path = self.ckpt.path(version)
+        learners.call("save_checkpoint", join(path, "learner"))
+        hf_url = join(path, "hf")
+        hf_local = local_path(hf_url)
+        learners.call("export", str(hf_local))
+        if not is_local(hf_url):
+            upload_dir(hf_local, hf_url)
+        recover = {"version": version, "rollout": rollout.call("state_dict"), "rng": _rng_state(),
+                   "config_hash": config_hash(self.config), "evals": self.evals}
+        self.ckpt.commit(version, recover)
+
+    def _recover(self) -> tuple[int, str, dict[str, Any] | None]:
+        """(start version, folder to start the engine from, rollout state) — fresh or resumed."""
+        if self.config.checkpoint.recover != "auto":
+            return 0, self.model_dir, None
+        latest = self.ckpt.latest()
+        if latest is None:
+            logger.info("recover=auto: no committed checkpoint under %s, starting fresh", self.ckpt.url)
+            return 0, self.model_dir, None
+        recover = self.ckpt.load_recover(latest)
+        if recover["config_hash"] != config_hash(self.config):
+            logger.warning("resuming %s with a config that differs from the checkpoint's", self.ckpt.path(latest))
+        _set_rng_state(recover["rng"])
+        self.evals = list(recover.get("evals", []))
+        hf_url = join(self.ckpt.path(latest), "hf")
+        hf_local = local_path(hf_url)
+        if not is_local(hf_url):
+            hf_local.mkdir(parents=True, exist_ok=True)
+            self.ckpt.fs.get(hf_url.split("://", 1)[1] + "/", str(hf_local) + "/", recursive=True)
+        logger.info("recover=auto: resuming from %s (version %d)", self.ckpt.path(latest), recover["version"])
+        # The engine starts from the checkpoint's weights at its version: weights re-published.
+        return int(recover["version"]), str(hf_local), recover["rollout"]
+
+    def _export(self, learners: LearnerGroup, version: int) -> str:
+        url = join(self.config.run_dir, "final")
+        out = local_path(url)
+        learners.call("export", str(out))
+        upload_dir(out, url)
+        return str(out)
+
+    @staticmethod
+    def _due(every: int, step: int) -> bool:
+        return every > 0 and (step + 1) % every == 0
+
+    def _summary(self, totals: dict[str, float]) -> dict[str, float]:
+        wall = max(totals["wall_s"], 1e-9)
+        return {"samples_per_s": totals["samples"] / wall, "tokens_per_s": totals["tokens"] / wall,
+                "learner_busy_fraction": totals["train_s"] / wall, "rl_wall_s": totals["wall_s"]}

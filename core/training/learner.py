@@ -1,0 +1,354 @@
+"""The learner: one per process (rank), owning a policy (or critic) and its optimiser.
+
+Placement
+    Without ``torch.distributed`` initialised the learner is a plain single-process trainer.
+    With a process group (gloo on CPU, NCCL on GPUs; ``init_distributed``) the model is wrapped
+    with FSDP2 (one unit per decoder layer + the root) even at world size 1, and every method
+    below is *collective*: all ranks must call it, each with its own rows of the global batch.
+    The device is ``cuda:LOCAL_RANK`` when a GPU is visible, else the CPU.
+
+Normaliser and gradient averaging (how one step equals the unsplit batch)
+    ``train_step`` asks the loss for this rank's normaliser ``D_r`` over all its micro-batches,
+    SUM-all-reduces it to the global ``D``, and calls the loss per micro-batch with ``D``: the
+    sum of all micro-batch losses over all ranks is then exactly the loss of the whole global
+    batch. Gradients accumulate over micro-batches (a sum). FSDP2 *averages* gradients over the
+    R ranks, so each backward is scaled by R, which restores the sum; the reported ``loss`` is
+    the SUM-all-reduced loss. (Multiplying by R = 2^k is exact in floating point.) Ranks may
+    hold different numbers of micro-batches; the short ones run zero-weight placeholder passes
+    so that FSDP's collectives stay in step.
+
+Versions
+    ``step`` counts optimiser updates (it drives the LR schedule). ``version`` is the weight
+    version the async loop stamps on generated tokens; AReaL bumps it once per *training batch*
+    (``ppo_n_minibatches`` optimiser steps), so ``train_step`` leaves it alone and ``update``
+    (split into minibatches, one step each) adds 1. Both are saved in checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+import core.training.checkpoint as checkpoint
+from core.models import load_model, torch_dtype
+from core.training.batch import (
+    TrainBatch,
+    micro_batch_indices,
+    scatter_rows,
+    split_minibatches,
+)
+from core.training.distributed import all_reduce_max, all_reduce_sum, dist_info, is_initialized
+from core.training.logprobs import effective_temperature, entropy_from_logits, logprobs_from_logits
+from core.training.losses import LossFn, SFTLoss
+from core.training.lr_schedule import warmup_cosine_schedule
+from core.training.sharding import shard_model
+from core.training.stats import StatsAccumulator
+from core.training.value_model import ValueModel
+
+logger = logging.getLogger(__name__)
+
+Tensor = torch.Tensor
+Forward = Callable[[nn.Module, TrainBatch], Tensor]
+
+
+class Learner:
+    """Policy or critic trainer for one rank (see the module docstring)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        lr: float,
+        weight_decay: float,
+        max_grad_norm: float | None,
+        warmup_steps: int,
+        total_steps: int,
+        min_lr_ratio: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        micro_batch_tokens: int,
+        temperature: float = 1.0,
+        dtype: str = "float32",
+        seed: int = 0,
+        with_value_head: bool = False,
+        reference_model_dir: str | Path | None = None,
+    ) -> None:
+        if with_value_head and reference_model_dir is not None:
+            raise ValueError("a critic (with_value_head=True) takes no reference_model_dir")
+        self.model_dir = Path(model_dir)
+        self.device = dist_info().device
+        self.sharded = is_initialized()
+        # FSDP2 averages gradients over this many ranks; train_step compensates.
+        self.world_size = dist_info().world_size
+        self.compute_dtype = torch_dtype(dtype)
+        self.micro_batch_tokens = micro_batch_tokens
+        self.temperature = effective_temperature(temperature)
+        self.max_grad_norm = max_grad_norm
+        self.with_value_head = with_value_head
+        self.step = 0
+        self.version = 0
+
+        # Master weights are float32 whatever the compute dtype (see sharding.py). ``seed`` only
+        # initialises the value head (nothing else here is random); no global RNG is touched.
+        if with_value_head:
+            model: nn.Module = ValueModel.from_pretrained(model_dir, seed=seed)
+        else:
+            model = load_model(model_dir, dtype="float32")
+        self.model = self._place(model)
+        self.reference: nn.Module | None = None
+        if reference_model_dir is not None:
+            reference = load_model(reference_model_dir, dtype="float32").requires_grad_(False)
+            self.reference = self._place(reference)
+
+        self.optimizer = torch.optim.AdamW(
+            _param_groups(self.model, weight_decay), lr=lr, betas=betas, eps=eps
+        )
+        self.scheduler = warmup_cosine_schedule(
+            self.optimizer,
+            warmup_steps=warmup_steps,
+            total_steps=total_steps,
+            min_lr_ratio=min_lr_ratio,
+        )
+        logger.info(
+            "learner ready: %s%s on %s, world size %d, %.2f M parameters",
+            "critic of " if with_value_head else "",
+            model_dir,
+            self.device,
+            self.world_size,
+            sum(p.numel() for p in self.model.parameters()) / 1e6,
+        )
+
+    # --- placement --------------------------------------------------------------------------
+    def _place(self, model: nn.Module) -> nn.Module:
+        if self.sharded:
+            return shard_model(model, self.device, param_dtype=self.compute_dtype)
+        return model.to(self.device)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        # FSDP2's MixedPrecisionPolicy already computes in the low dtype when sharded.
+        if self.sharded or self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    # --- forward passes ---------------------------------------------------------------------
+    def _logits(self, model: nn.Module, micro: TrainBatch) -> Tensor:
+        with self._autocast():
+            return model(
+                input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False
+            ).logits
+
+    def _logprobs(self, model: nn.Module, micro: TrainBatch) -> Tensor:
+        logits = self._logits(model, micro)
+        return logprobs_from_logits(logits, micro.input_ids, micro.attention_mask, self.temperature)
+
+    def _logprobs_and_entropy(self, model: nn.Module, micro: TrainBatch) -> tuple[Tensor, Tensor]:
+        logits = self._logits(model, micro)
+        return (
+            logprobs_from_logits(logits, micro.input_ids, micro.attention_mask, self.temperature),
+            entropy_from_logits(logits, micro.attention_mask, self.temperature),
+        )
+
+    def _values(self, model: nn.Module, micro: TrainBatch) -> Tensor:
+        with self._autocast():
+            return model(micro.input_ids, micro.attention_mask)
+
+    def _rounds(self, n_local: int) -> int:
+        """Micro-batch passes every rank makes: FSDP collectives need the same count."""
+        return int(all_reduce_max(float(n_local))) if self.sharded else n_local
+
+    def _placeholder(self) -> TrainBatch:
+        """A two-token row that stands in when this rank has run out of micro-batches."""
+        ones = torch.ones((1, 2), dtype=torch.long, device=self.device)
+        zeros = torch.zeros((1, 2), device=self.device)
+        return TrainBatch(
+            input_ids=ones * 0,
+            attention_mask=ones,
+            loss_mask=zeros,
+            behaviour_logprobs=zeros,
+            versions=-ones,
+            rewards=zeros[:, 0],
+            prompt_lens=ones[:, 0],
+        )
+
+    @torch.no_grad()
+    def _no_grad_outputs(self, model: nn.Module, batch: TrainBatch, forward: Forward) -> Tensor:
+        model.eval()
+        indices = micro_batch_indices(batch, self.micro_batch_tokens)
+        parts = []
+        for i in range(self._rounds(len(indices))):
+            if i < len(indices):
+                micro = batch.select(indices[i]).trim().to(self.device)
+                parts.append(forward(model, micro).float().cpu())
+            else:
+                forward(model, self._placeholder())
+        return scatter_rows(parts, indices, len(batch), batch.width)
+
+    def compute_logprobs(self, batch: TrainBatch) -> Tensor:
+        """``[N, T]`` log-probs of the current weights (no grad): proximal log-probs."""
+        if self.with_value_head:
+            raise ValueError("this learner is a critic: use compute_values")
+        return self._no_grad_outputs(self.model, batch, self._logprobs)
+
+    def compute_reference_logprobs(self, batch: TrainBatch) -> Tensor:
+        """``[N, T]`` log-probs of the frozen reference model (for KL terms)."""
+        if self.reference is None:
+            raise ValueError("no reference model: pass reference_model_dir to the Learner")
+        return self._no_grad_outputs(self.reference, batch, self._logprobs)
+
+    def compute_values(self, batch: TrainBatch) -> Tensor:
+        """``[N, T]`` critic values ``V(s_t)`` (see value_model.py for the alignment)."""
+        if not self.with_value_head:
+            raise ValueError("compute_values needs Learner(with_value_head=True)")
+        return self._no_grad_outputs(self.model, batch, self._values)
+
+    # --- training -----------------------------------------------------------------------------
+    def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimiser step on this rank's ``batch`` (collective); returns global statistics."""
+        start = time.perf_counter()
+        if len(batch) == 0:
+            raise ValueError("train_step needs at least one row on every rank")
+        micros = [
+            batch.select(rows).trim()
+            for rows in micro_batch_indices(batch, self.micro_batch_tokens)
+        ]
+        normalizer = all_reduce_sum(float(loss_fn.normalizer(micros)))
+        needs_entropy = bool(getattr(loss_fn, "needs_entropy", False))
+        rounds = self._rounds(len(micros))
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        stats, loss_sum = StatsAccumulator(), 0.0
+        for i in range(rounds):
+            if self.sharded:
+                # Reduce-scatter once, after the last micro-batch: accumulation without traffic.
+                self.model.set_requires_gradient_sync(i == rounds - 1)
+            if i >= len(micros):
+                self._placeholder_backward()
+                continue
+            micro = micros[i].to(self.device)
+            outputs, entropy = self._train_outputs(micro, needs_entropy)
+            if entropy is not None:
+                micro = micro.with_fields(entropy=entropy)
+            loss, micro_stats = loss_fn(micro, outputs, normalizer)
+            # The loss is already divided by the global D; FSDP2 then averages over R ranks,
+            # so scaling by R leaves the gradient of the summed (global) loss.
+            (loss * self.world_size).backward()
+            loss_sum += float(loss.detach())
+            stats.add(micro_stats, weight=micro.n_loss_tokens)
+        grad_norm, lr = self._optimizer_step()
+        totals = all_reduce_sum(
+            torch.tensor([loss_sum, batch.n_tokens, batch.n_loss_tokens], dtype=torch.float64)
+        ).tolist()
+        result = stats.reduce()
+        result.update(
+            loss=totals[0],
+            grad_norm=grad_norm,
+            lr=lr,
+            tokens=totals[1],
+            loss_tokens=totals[2],
+            micro_batches=float(rounds),
+            step=float(self.step),
+            seconds=time.perf_counter() - start,
+        )
+        return result
+
+    def _train_outputs(self, micro: TrainBatch, entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """Model outputs with grad (values or log-probs) and, if asked, the entropy."""
+        if self.with_value_head:
+            if entropy:
+                raise ValueError("a critic has no entropy: use a loss with needs_entropy=False")
+            return self._values(self.model, micro), None
+        if entropy:
+            return self._logprobs_and_entropy(self.model, micro)
+        return self._logprobs(self.model, micro), None
+
+    def _placeholder_backward(self) -> None:
+        placeholder = self._placeholder()
+        if self.with_value_head:
+            outputs = self._values(self.model, placeholder)
+        else:
+            outputs = self._logprobs(self.model, placeholder)
+        # Zero gradient, but it runs FSDP's backward hooks (and their collectives).
+        (outputs.sum() * 0.0).backward()
+
+    def _optimizer_step(self) -> tuple[float, float]:
+        """Clip, step (skipped on a non-finite gradient norm), advance the schedule."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.max_grad_norm if self.max_grad_norm else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        grad_norm = float(norm)
+        lr = float(self.scheduler.get_last_lr()[0])
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            logger.warning("step %d: gradient norm %s, update skipped", self.step, grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        return grad_norm, lr
+
+    def sft_step(self, batch: TrainBatch, *, aggregation: str = "token-mean") -> dict[str, float]:
+        """``train_step`` with the masked NLL (``SFTLoss``)."""
+        return self.train_step(batch, SFTLoss(aggregation=aggregation))
+
+    def update(
+        self, batch: TrainBatch, loss_fn: LossFn, *, n_minibatches: int = 1, group_size: int = 1
+    ) -> list[dict[str, float]]:
+        """One policy update from a training batch: ``n_minibatches`` steps, then version + 1."""
+        stats = [
+            self.train_step(minibatch, loss_fn)
+            for minibatch in split_minibatches(batch, n_minibatches, group_size=group_size)
+        ]
+        self.version += 1
+        return stats
+
+    # --- weights and checkpoints ------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """Full float32 CPU state dict on rank 0, ``{}`` on other ranks (collective)."""
+        return checkpoint.full_state_dict(self.model)
+
+    def export_hf(self, directory: str | Path, *, dtype: str | None = None) -> Path:
+        """Write a ``from_pretrained`` folder (rank 0; collective) for the inference engines.
+
+        ``dtype`` defaults to the learner's compute dtype.
+        """
+        if self.with_value_head:
+            raise ValueError("export_hf publishes policies; a critic is saved with save_checkpoint")
+        out_dtype = self.compute_dtype if dtype is None else torch_dtype(dtype)
+        checkpoint.export_hf(self.model, self.model_dir, directory, dtype=out_dtype)
+        return Path(directory)
+
+    def save_checkpoint(self, url: str, *, extra: dict[str, Any] | None = None) -> None:
+        """Sharded model/optimizer/schedule/counters to ``url`` (a path or fsspec URL)."""
+        meta = {"step": self.step, "version": self.version, "extra": extra or {}}
+        checkpoint.save_state(str(url), self.model, self.optimizer, self.scheduler, meta)
+
+    def load_checkpoint(self, url: str) -> dict[str, Any]:
+        """Restore a ``save_checkpoint`` in place; returns the ``extra`` saved with it."""
+        meta = checkpoint.load_state(str(url), self.model, self.optimizer, self.scheduler)
+        self.step, self.version = int(meta["step"]), int(meta["version"])
+        if self.step == 0:
+            # Saved before any update: AdamW must start from an empty state (see save_state).
+            self.optimizer.state.clear()
+        return meta["extra"]
+
+
+def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """No weight decay on biases and norm weights (1-D tensors), as is standard for LMs."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        (decay if param.ndim >= 2 else no_decay).append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]

@@ -1,0 +1,208 @@
+"""Loss functions the learner's ``train_step`` accepts, and the protocol they follow.
+
+A loss is split in two so the learner can normalise globally (docs/algorithms.md):
+
+* ``normalizer(micro_batches) -> float``: this rank's share of the denominator ``D`` of one
+  optimiser step, computed from all of its micro-batches at once. The learner SUM-all-reduces
+  it over data-parallel ranks.
+* ``__call__(micro, outputs, normalizer) -> (loss, stats)``: the loss of one micro-batch divided
+  by the *global* ``D``. ``outputs`` is the model's ``[n, t]`` per-token output for the
+  micro-batch (log-probs for a policy, values for a critic), aligned like every batch tensor.
+  ``stats`` are detached 0-dim means over the micro-batch's loss tokens, except keys ending in
+  ``_max`` / ``_min`` (maxima / minima) and ``_loss`` (loss terms divided by the global ``D``,
+  which the learner sums); every call must return the same keys.
+
+A loss with ``needs_entropy = True`` finds the per-token entropy (with gradient) in the
+micro-batch field ``"entropy"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from core.algorithms import (
+    AlgorithmConfig,
+    aggregate_loss,
+    global_normalizer,
+    kl_penalty,
+    loglinear_proximal_logprobs,
+    masked_mean,
+    ppo_policy_loss,
+    sft_loss,
+    value_loss,
+)
+from core.training.batch import TrainBatch
+
+Tensor = torch.Tensor
+LossOutput = tuple[Tensor, dict[str, Tensor]]
+
+
+@runtime_checkable
+class LossFn(Protocol):
+    """What ``Learner.train_step`` calls (see the module docstring)."""
+
+    needs_entropy: bool
+
+    def normalizer(self, micro_batches: Sequence[TrainBatch]) -> float: ...
+
+    def __call__(self, micro: TrainBatch, outputs: Tensor, normalizer: float) -> LossOutput: ...
+
+
+def _masks(micro_batches: Sequence[TrainBatch]) -> list[Tensor]:
+    return [m.loss_mask for m in micro_batches]
+
+
+def _check_norm_constant(aggregation: str, norm_constant: float | None, field_name: str) -> None:
+    if aggregation == "seq-mean-token-sum-norm" and norm_constant is None:
+        # Micro-batches are trimmed to their own widths, so "the padded width" is not one number.
+        raise ValueError(
+            f"{field_name} must be set for loss_aggregation='seq-mean-token-sum-norm' in the "
+            "learner (e.g. the generation budget max_new_tokens)"
+        )
+
+
+@dataclass
+class SFTLoss:
+    """Masked negative log-likelihood (``core.algorithms.sft_loss``)."""
+
+    aggregation: str = "token-mean"
+    norm_constant: float | None = None
+    needs_entropy: bool = False
+
+    def __post_init__(self) -> None:
+        _check_norm_constant(self.aggregation, self.norm_constant, "norm_constant")
+
+    def normalizer(self, micro_batches: Sequence[TrainBatch]) -> float:
+        return global_normalizer(
+            _masks(micro_batches), self.aggregation, norm_constant=self.norm_constant
+        )
+
+    def __call__(self, micro: TrainBatch, outputs: Tensor, normalizer: float) -> LossOutput:
+        loss = sft_loss(
+            outputs,
+            micro.loss_mask,
+            aggregation=self.aggregation,
+            normalizer=normalizer,
+            norm_constant=self.norm_constant,
+        )
+        return loss, {"nll": masked_mean(-outputs.detach(), micro.loss_mask)}
+
+
+@dataclass
+class PolicyLoss:
+    """(Decoupled) PPO policy loss from an ``AlgorithmConfig``, plus its KL and entropy terms.
+
+    Batch fields: ``advantages`` ``[N, T]``; ``proximal_logprobs`` (from
+    ``Learner.compute_logprobs`` before the update) when ``config.decoupled`` and not
+    ``use_loglinear_proximal`` (which needs ``current_version`` instead); ``ref_logprobs`` when
+    ``kl_coef > 0``. Without ``decoupled`` the behaviour log-probs are PPO's π_old.
+    """
+
+    config: AlgorithmConfig
+    current_version: int | None = None
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        _check_norm_constant(cfg.loss_aggregation, cfg.loss_norm_constant, "loss_norm_constant")
+        if cfg.decoupled and cfg.use_loglinear_proximal and self.current_version is None:
+            raise ValueError("use_loglinear_proximal=True needs PolicyLoss(current_version=...)")
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.config.entropy_coef > 0
+
+    def normalizer(self, micro_batches: Sequence[TrainBatch]) -> float:
+        cfg = self.config
+        return global_normalizer(
+            _masks(micro_batches), cfg.loss_aggregation, norm_constant=cfg.loss_norm_constant
+        )
+
+    def _proximal(self, micro: TrainBatch, logprobs: Tensor) -> Tensor:
+        cfg = self.config
+        if not cfg.decoupled:
+            return micro.behaviour_logprobs
+        if cfg.use_loglinear_proximal:
+            assert self.current_version is not None  # checked in __post_init__
+            return loglinear_proximal_logprobs(
+                micro.behaviour_logprobs, logprobs, micro.versions, self.current_version
+            )
+        if "proximal_logprobs" not in micro:
+            raise ValueError(
+                "decoupled PPO needs the batch field 'proximal_logprobs' "
+                "(learner.compute_logprobs before the update) or use_loglinear_proximal=True"
+            )
+        return micro["proximal_logprobs"]
+
+    def _term(self, token_values: Tensor, micro: TrainBatch, normalizer: float) -> Tensor:
+        cfg = self.config
+        return aggregate_loss(
+            token_values,
+            micro.loss_mask,
+            cfg.loss_aggregation,
+            normalizer=normalizer,
+            norm_constant=cfg.loss_norm_constant,
+        )
+
+    def __call__(self, micro: TrainBatch, outputs: Tensor, normalizer: float) -> LossOutput:
+        cfg = self.config
+        loss, stats = ppo_policy_loss(
+            outputs,
+            self._proximal(micro, outputs),
+            micro["advantages"],
+            micro.loss_mask,
+            behaviour_logprobs=micro.behaviour_logprobs if cfg.decoupled else None,
+            eps_clip=cfg.eps_clip,
+            eps_clip_high=cfg.eps_clip_high,
+            dual_clip=cfg.dual_clip,
+            importance_level=cfg.importance_level,
+            behaviour_cap=cfg.behaviour_cap,
+            behaviour_mask_mode=cfg.behaviour_mask_mode,
+            behaviour_level=cfg.behaviour_level,
+            aggregation=cfg.loss_aggregation,
+            normalizer=normalizer,
+            norm_constant=cfg.loss_norm_constant,
+        )
+        stats = dict(stats, policy_loss=loss.detach())
+        if cfg.kl_coef > 0:
+            kl = kl_penalty(outputs, micro["ref_logprobs"], cfg.kl_estimator)
+            loss = loss + cfg.kl_coef * self._term(kl, micro, normalizer)
+            stats["kl"] = masked_mean(kl.detach(), micro.loss_mask)
+        if cfg.entropy_coef > 0:
+            entropy = micro["entropy"]
+            loss = loss - cfg.entropy_coef * self._term(entropy, micro, normalizer)
+            stats["entropy"] = masked_mean(entropy.detach(), micro.loss_mask)
+        return loss, stats
+
+
+@dataclass
+class ValueLoss:
+    """Clipped critic loss (``core.algorithms.value_loss``); fields ``old_values``, ``returns``."""
+
+    value_clip: float | None = 0.5
+    aggregation: str = "token-mean"
+    norm_constant: float | None = None
+    needs_entropy: bool = False
+
+    def __post_init__(self) -> None:
+        _check_norm_constant(self.aggregation, self.norm_constant, "norm_constant")
+
+    def normalizer(self, micro_batches: Sequence[TrainBatch]) -> float:
+        return global_normalizer(
+            _masks(micro_batches), self.aggregation, norm_constant=self.norm_constant
+        )
+
+    def __call__(self, micro: TrainBatch, outputs: Tensor, normalizer: float) -> LossOutput:
+        return value_loss(
+            outputs,
+            micro["old_values"],
+            micro["returns"],
+            micro.loss_mask,
+            value_clip=self.value_clip,
+            aggregation=self.aggregation,
+            normalizer=normalizer,
+            norm_constant=self.norm_constant,
+        )

@@ -1,0 +1,61 @@
+"""Critic for PPO: a causal LM's decoder backbone with a scalar value head.
+
+``values[:, t]`` is ``V(s_t)``, the value of the state in which token ``t`` is generated — the
+prefix ``input_ids[:, :t]`` — so it is read from the last hidden state at position ``t - 1``.
+This is the batch alignment convention (column ``t`` describes token ``t``) that
+``core.algorithms.gae_advantages`` expects; column 0 and padding are 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from core.models import torch_dtype
+
+Tensor = torch.Tensor
+
+
+class ValueModel(nn.Module):
+    """``backbone`` (e.g. ``Qwen2Model``) + ``Linear(hidden, 1)`` on its last hidden state."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int, *, seed: int = 0) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.config = backbone.config
+        self.value_head = nn.Linear(hidden_size, 1)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            # Small random weights (OpenRLHF's std = 1/(hidden+1)): values start near 0 while the
+            # backbone still receives gradient from the first step (a zero head would block it).
+            head = torch.randn(self.value_head.weight.shape, generator=generator)
+            self.value_head.weight.copy_(head / (hidden_size + 1))
+            self.value_head.bias.zero_()
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, *, dtype: str = "float32", seed: int = 0
+    ) -> ValueModel:
+        """The backbone of the causal LM saved in ``path`` with a fresh value head."""
+        causal_lm = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=torch_dtype(dtype), attn_implementation="sdpa"
+        )
+        backbone = causal_lm.get_decoder()
+        model = cls(backbone, causal_lm.config.hidden_size, seed=seed)
+        return model.to(torch_dtype(dtype))
+
+    def decoder_layers(self) -> nn.ModuleList:
+        """The transformer blocks (the FSDP2 wrapping units)."""
+        return self.backbone.layers
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """``[N, T]`` float32 values aligned with ``input_ids`` (see the module docstring)."""
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state
+        values = self.value_head(hidden[:, :-1]).squeeze(-1).float()
+        values = torch.cat([values.new_zeros(values.shape[0], 1), values], dim=1)
+        return torch.where(attention_mask.bool(), values, 0.0)

@@ -1,0 +1,120 @@
+"""Single-process learner: micro-batch invariance, SFT, updates and versions, losses, bf16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core.algorithms import AlgorithmConfig
+from core.models import load_model
+from core.training import Learner, PolicyLoss, SFTLoss, StatsAccumulator, micro_batches
+from tests.core.training.helpers import ADAM, SGD_LIKE, make_batch, max_abs_diff, ppo_batch, ppo_run
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def batch(model_dir, tokenizer):
+    return ppo_batch(model_dir, tokenizer, 8)
+
+
+def test_micro_batch_split_does_not_change_the_step(model_dir, batch) -> None:
+    """Many micro-batches vs one: same loss, gradient norm and weights (PPO + KL + entropy)."""
+    for learner_kw, weight_atol in ((SGD_LIKE, 1e-6), (ADAM, 5e-5)):
+        one = ppo_run(model_dir, batch, learner_kw=learner_kw, micro_batch_tokens=10_000)
+        many = ppo_run(model_dir, batch, learner_kw=learner_kw, micro_batch_tokens=40)
+        assert [s["micro_batches"] for s in one["stats"]] == [1, 1]
+        assert all(s["micro_batches"] >= 4 for s in many["stats"]), many["stats"][0][
+            "micro_batches"
+        ]
+        for a, b in zip(one["stats"], many["stats"]):
+            for key in ("loss", "policy_loss", "grad_norm", "kl", "entropy", "behav_weight_mean"):
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+            assert a["ratio_max"] == pytest.approx(b["ratio_max"], rel=1e-6)
+        assert one["stats"][1]["kl"] > 0  # the second step really moved away from the reference
+        # SGD-like AdamW: tight. Default AdamW: Adam's per-element normalisation amplifies
+        # rounding on near-zero gradients (see helpers.SGD_LIKE), so 5 % of lr=1e-3.
+        assert max_abs_diff(one["state"], many["state"]) <= weight_atol
+
+
+def test_sft_steps_reduce_the_loss(model_dir, tokenizer) -> None:
+    batch = make_batch(tokenizer, 8, seed=5)
+    learner = Learner(model_dir, **dict(ADAM, lr=1e-2), micro_batch_tokens=64)
+    losses = [learner.sft_step(batch)["loss"] for _ in range(8)]
+    assert losses[-1] < 0.7 * losses[0]
+    # The reported loss is the mean NLL over all loss tokens of the step (global token-mean).
+    nll = -learner.compute_logprobs(batch)[batch.loss_mask != 0].mean()
+    assert learner.sft_step(batch)["loss"] == pytest.approx(float(nll), rel=1e-5)
+
+
+def test_stats_and_schedule_of_a_step(model_dir, tokenizer) -> None:
+    batch = make_batch(tokenizer, 6, seed=6)
+    learner = Learner(model_dir, **dict(ADAM, warmup_steps=2), micro_batch_tokens=50)
+    first, second, third = (learner.sft_step(batch) for _ in range(3))
+    assert (first["lr"], second["lr"], third["lr"]) == pytest.approx((5e-4, 1e-3, 1e-3))
+    assert first["tokens"] == batch.n_tokens and first["loss_tokens"] == batch.n_loss_tokens
+    assert first["micro_batches"] == len(micro_batches(batch, 50)) and first["seconds"] > 0
+    assert first["nll"] == pytest.approx(first["loss"], rel=1e-5)  # token-mean NLL == loss
+    assert (learner.step, learner.version) == (3, 0)
+
+
+def test_update_runs_minibatches_and_bumps_the_version(model_dir, tokenizer) -> None:
+    learner = Learner(model_dir, **ADAM, micro_batch_tokens=64)
+    stats = learner.update(make_batch(tokenizer, 8), SFTLoss(), n_minibatches=4, group_size=2)
+    assert len(stats) == 4 and all(s["loss_tokens"] > 0 for s in stats)
+    assert (learner.step, learner.version) == (4, 1)
+
+
+def test_reference_model_stays_frozen(model_dir, batch) -> None:
+    learner = Learner(model_dir, **ADAM, micro_batch_tokens=64, reference_model_dir=model_dir)
+    before = learner.compute_reference_logprobs(batch)
+    torch.testing.assert_close(before, learner.compute_logprobs(batch), atol=0, rtol=0)
+    learner.sft_step(batch)
+    torch.testing.assert_close(learner.compute_reference_logprobs(batch), before, atol=0, rtol=0)
+    assert not torch.equal(learner.compute_logprobs(batch), before)
+
+
+def test_policy_loss_needs_its_inputs(model_dir, batch) -> None:
+    learner = Learner(model_dir, **ADAM, micro_batch_tokens=64)
+    with pytest.raises(ValueError, match="proximal_logprobs"):
+        learner.train_step(batch, PolicyLoss(AlgorithmConfig()))
+    with pytest.raises(KeyError, match="ref_logprobs"):
+        prox = learner.compute_logprobs(batch)
+        learner.train_step(
+            batch.with_fields(proximal_logprobs=prox), PolicyLoss(AlgorithmConfig(kl_coef=0.1))
+        )
+    with pytest.raises(ValueError, match="loss_norm_constant"):
+        PolicyLoss(AlgorithmConfig(loss_aggregation="seq-mean-token-sum-norm"))
+    with pytest.raises(ValueError, match="with_value_head"):
+        learner.compute_values(batch)
+
+
+def test_loglinear_proximal_and_plain_ppo_run(model_dir, batch) -> None:
+    learner = Learner(model_dir, **ADAM, micro_batch_tokens=64)
+    loglinear = PolicyLoss(AlgorithmConfig(use_loglinear_proximal=True), current_version=1)
+    assert learner.train_step(batch, loglinear)["loss_tokens"] == batch.n_loss_tokens
+    plain = learner.train_step(batch, PolicyLoss(AlgorithmConfig(decoupled=False)))
+    assert plain["behav_weight_mean"] == 1.0  # no behaviour correction in plain PPO
+
+
+def test_stats_accumulator_weights_and_extrema() -> None:
+    acc = StatsAccumulator()
+    acc.add({"clip_frac": 0.5, "ratio_max": 1.2, "ratio_min": 0.9, "policy_loss": 0.25}, weight=3)
+    acc.add({"clip_frac": 0.1, "ratio_max": 1.1, "ratio_min": 0.7, "policy_loss": 0.5}, weight=1)
+    acc.add({"clip_frac": 0.9, "ratio_max": 9.0, "ratio_min": 0.0, "policy_loss": 0.0}, weight=0)
+    out = acc.reduce()
+    assert out == pytest.approx(
+        {"clip_frac": 0.4, "ratio_max": 1.2, "ratio_min": 0.7, "policy_loss": 0.75}
+    )
+
+
+def test_bfloat16_autocast_step(model_dir, batch) -> None:
+    learner = Learner(model_dir, **ADAM, micro_batch_tokens=64, dtype="bfloat16")
+    logprobs = learner.compute_logprobs(batch)
+    assert logprobs.dtype == torch.float32
+    exact = Learner(model_dir, **ADAM, micro_batch_tokens=64).compute_logprobs(batch)
+    torch.testing.assert_close(logprobs, exact, atol=0.1, rtol=0)
+    stats = learner.sft_step(batch)
+    assert torch.isfinite(torch.tensor(stats["loss"]))
+    assert next(learner.model.parameters()).dtype == torch.float32  # float32 master weights
+    assert load_model(model_dir) is not None
