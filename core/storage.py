@@ -55,6 +55,10 @@ def write_jsonl(url: str, rows: list[dict]) -> None:
     write_text(url, "".join(json.dumps(row) + "\n" for row in rows))
 
 
+def read_jsonl(url: str) -> list[dict]:
+    return [json.loads(line) for line in read_text(url).splitlines() if line.strip()]
+
+
 def exists(url: str) -> bool:
     fs, path = url_to_fs(url)
     return fs.exists(path)

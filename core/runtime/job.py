@@ -10,10 +10,11 @@ from typing import Any
 import torch
 
 from core.config import Config, config_hash, to_yaml
+from core.evaluation import EvalResult
 from core.runtime.metrics import FanOut, JsonlSink, MemorySink, MetricSink
 from core.runtime.sft import sft_warm_start
-from core.runtime.stages import build_or_load_model, evaluate_model, prepare_data
-from core.runtime.trainer import Trainer
+from core.runtime.stages import PreparedData, build_or_load_model, evaluate_model, prepare_data
+from core.runtime.trainer import RLResult, Trainer
 from core.storage import join, local_path, upload_file, write_json, write_text
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,23 @@ def run_experiment(
         tick = stage("SFT warm start", config.sft.steps)
         model_dir = timed("sft_s", lambda: sft_warm_start(config, model_dir, data.train, sink, tick))
 
+    rl = eval_result = None
+    if config.actor.total_steps > 0:
+        trainer = Trainer(config, model_dir, data.train, data.test, sink, on_step=stage("RL", config.actor.total_steps))
+        rl = timed("rl_s", trainer.run)
+    else:
+        n_eval = min(config.eval.n_problems or len(data.test), len(data.test))
+        eval_result = timed("eval_s", lambda: evaluate_model(config, model_dir, data.test, on_batch=stage("evaluate", n_eval)))
+    summary = summarize(config, data, str(model_dir), rl=rl, eval_result=eval_result, timings=timings,
+                        wall_seconds=time.perf_counter() - started, sft_final_loss=_last(memory, "sft/loss"))
+    finish_run_files(config, summary)
+    return summary
+
+
+def summarize(config: Config, data: PreparedData, model_dir: str, *, rl: RLResult | None,
+              eval_result: EvalResult | None, timings: dict[str, float], wall_seconds: float,
+              sft_final_loss: float | None) -> dict[str, Any]:
+    """The run's ``summary.json``: where things are and the numbers a reader looks for first."""
     summary: dict[str, Any] = {
         "experiment": config.experiment.name,
         "trial": config.experiment.trial,
@@ -61,10 +79,12 @@ def run_experiment(
         "max_staleness": config.rollout.max_staleness,
         "data": {"source": config.data.source, "n_train": len(data.train), "n_test": len(data.test),
                  "train_url": data.train_url, "test_url": data.test_url},
+        "model_dir": model_dir,
+        "sft_final_loss": sft_final_loss,
+        "timings": timings,
+        "wall_seconds": wall_seconds,
     }
-    if config.actor.total_steps > 0:
-        trainer = Trainer(config, model_dir, data.train, data.test, sink, on_step=stage("RL", config.actor.total_steps))
-        rl = timed("rl_s", trainer.run)
+    if rl is not None:
         summary.update(
             accuracy_before=rl.evals[0]["accuracy"], accuracy_after=rl.evals[-1]["accuracy"],
             evals=rl.evals, steps=rl.steps_run, version=rl.version, final_model_dir=rl.final_model_dir,
@@ -74,19 +94,19 @@ def run_experiment(
         n = sum(staleness.values())
         summary["mean_staleness"] = sum(int(k) * v for k, v in staleness.items()) / n if n else 0.0
         summary["max_staleness_seen"] = max((int(k) for k in staleness), default=0)
-    else:
-        n_eval = min(config.eval.n_problems or len(data.test), len(data.test))
-        result = timed("eval_s", lambda: evaluate_model(config, model_dir, data.test, on_batch=stage("evaluate", n_eval)))
-        summary.update(accuracy_before=result.accuracy, accuracy_after=None, eval_before=result.to_dict(),
-                       steps=0, final_model_dir=str(model_dir), checkpoint_url=None)
-    summary.update(model_dir=str(model_dir), wall_seconds=time.perf_counter() - started, timings=timings,
-                   sft_final_loss=_last(memory, "sft/loss"))
+    elif eval_result is not None:
+        summary.update(accuracy_before=eval_result.accuracy, accuracy_after=None, eval_before=eval_result.to_dict(),
+                       steps=0, final_model_dir=model_dir, checkpoint_url=None)
+    return summary
+
+
+def finish_run_files(config: Config, summary: dict[str, Any]) -> None:
+    """Upload the locally grown logs next to the run (remote fileroot) and write summary.json."""
     for name in ("metrics.jsonl", "batches.jsonl"):  # written locally as they grow
         if local_path(join(config.run_dir, name)).exists():
             upload_file(local_path(join(config.run_dir, name)), join(config.run_dir, name))
     write_json(join(config.run_dir, "summary.json"), summary)
     logger.info("summary written to %s", join(config.run_dir, "summary.json"))
-    return summary
 
 
 def _last(memory: MemorySink, key: str) -> float | None:

@@ -38,18 +38,20 @@ class PreparedData:
     test_url: str
 
 
-def prepare_data(config: Config) -> PreparedData:
-    """Generate (synthetic) or load (GSM8K) the problems and write them under the run folder."""
+def prepare_data(config: Config, out_url: str | None = None) -> PreparedData:
+    """Generate (synthetic) or load (GSM8K) the problems; write them to ``out_url`` (default
+    ``{run_dir}/data``) as ``train.jsonl`` and ``test.jsonl`` (test first: a reader that finds
+    ``train.jsonl`` finds both)."""
     data = config.data
     if data.source == "synthetic":
         train, test = generate_splits(data.synthetic, data.n_train, data.n_test, config.experiment.seed)
     else:
         train = load_gsm8k(data.gsm8k_path, "train", strict=data.strict, limit=data.n_train or None)
         test = load_gsm8k(data.gsm8k_path, "test", strict=data.strict, limit=data.n_test or None)
-    base = join(config.run_dir, "data")
+    base = out_url or join(config.run_dir, "data")
     train_url, test_url = join(base, "train.jsonl"), join(base, "test.jsonl")
-    write_jsonl(train_url, train)
     write_jsonl(test_url, test)
+    write_jsonl(train_url, train)
     logger.info("prepared %d train / %d test problems (%s)", len(train), len(test), data.source)
     return PreparedData(train, test, train_url, test_url)
 

@@ -81,13 +81,15 @@ class Trainer:
     """Owns the rollout worker and the learner group for one RL stage."""
 
     def __init__(self, config: Config, model_dir: str | Path, train: list[dict], test: list[dict],
-                 sink: MetricSink, on_step: Callable[[int], None] | None = None) -> None:
+                 sink: MetricSink, on_step: Callable[[int], None] | None = None,
+                 on_eval: Callable[[int, float], None] | None = None) -> None:
         self.config = config
         self.model_dir = str(model_dir)
         self.train = train
         self.test = test[: config.eval.n_problems or len(test)]
         self.sink = sink
         self.on_step = on_step
+        self.on_eval = on_eval  # (version, accuracy); may raise to stop early (e.g. Optuna pruning)
         self.ckpt = CheckpointManager(checkpoint_url(config), config.checkpoint.keep_last)
         self.publish_root = local_path(join(config.run_dir, "weights"))
         self.pad_id = load_tokenizer(config.model.tokenizer_path or model_dir).pad_token_id
@@ -202,6 +204,8 @@ class Trainer:
         self.sink.log_metrics({"eval/accuracy": result["accuracy"], "eval/direct_share": result["direct_share"]},
                               version)
         logger.info("eval at version %d: accuracy %.3f (n=%d)", version, result["accuracy"], result["n"])
+        if self.on_eval is not None:
+            self.on_eval(version, result["accuracy"])
 
     def _checkpoint(self, learners: LearnerGroup, rollout: Any, version: int) -> None:
         path = self.ckpt.path(version)
