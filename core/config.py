@@ -272,6 +272,14 @@ def validate(config: Config) -> None:
         raise ConfigError(f"checkpoint.keep_last must be >= 1, got {config.checkpoint.keep_last}")
     if config.data.source == "synthetic" and config.data.n_test <= 0:
         raise ConfigError("data.n_test must be > 0 for synthetic data")
+    algo = config.algorithm
+    if algo.overlong_reward_penalty:
+        max_len = algo.overlong_max_len or config.rollout.max_new_tokens
+        if not 0 < algo.overlong_buffer_len <= max_len:
+            raise ConfigError(
+                f"algorithm.overlong_buffer_len={algo.overlong_buffer_len} must be in (0, {max_len}] "
+                "(algorithm.overlong_max_len, or rollout.max_new_tokens when unset)"
+            )
     for key in ("rollout.workflow", "rollout.reward_fn"):
         if ":" not in select(config, key):
             raise ConfigError(f"{key}={select(config, key)!r} must be an import path 'module:attribute'")

@@ -1,0 +1,1 @@
+"""Prefect flows: the experiment DAG, ablations, sweeps, deployments; and the CLI."""

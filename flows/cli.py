@@ -69,19 +69,31 @@ def _stage_progress(progress: Progress) -> Callable[[str, int | None], Callable[
 def run(
     config: ConfigArg,
     overrides: OverridesArg = None,
+    plain: Annotated[bool, typer.Option("--plain", help="Bare core loop: no Prefect flow, no MLflow.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
-    """Run an experiment end to end and print accuracy before/after."""
+    """Run an experiment end to end (as a Prefect flow tracked in MLflow) and print accuracy before/after."""
     cfg = _load(config, overrides)
-    if not cfg.experiment.trial:
-        cfg.experiment.trial = time.strftime("%Y%m%d-%H%M%S")
+    trial = cfg.experiment.trial or time.strftime("%Y%m%d-%H%M%S")
     _setup_logging(verbose)
-    from core.runtime.job import run_experiment
+    with _progress() as progress:
+        if plain:
+            from core.runtime.job import run_experiment
 
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, console=err_console, transient=False) as progress:
-        summary = run_experiment(cfg, progress=_stage_progress(progress))
+            cfg.experiment.trial = trial
+            summary = run_experiment(cfg, progress=_stage_progress(progress))
+        else:
+            from flows.experiment import experiment
+            from tasks.hooks import set_progress
+
+            set_progress(_stage_progress(progress))
+            summary = experiment(str(config), [*(overrides or []), f"experiment.trial={trial}"])["summary"]
     _print_summary(summary)
+
+
+def _progress() -> Progress:
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    return Progress(*columns, console=err_console, transient=False)
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -107,8 +119,124 @@ def _print_summary(summary: dict[str, Any]) -> None:
     table.add_row("wall time", f"{summary['wall_seconds']:.1f} s")
     console.print(table)
     console.print(f"run folder: {summary['run_dir']}  (summary.json, metrics.jsonl, config.yaml)")
+    if summary.get("mlflow_run_id"):
+        console.print(f"MLflow run: {summary['mlflow_run_id']}  "
+                      f"(mlflow ui --backend-store-uri {summary.get('mlflow_tracking_uri', '...')})")
     if summary.get("checkpoint_url"):
         console.print(f"checkpoints: {summary['checkpoint_url']}")
+
+
+@app.command()
+def ablate(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    algos: Annotated[str, typer.Option(help="Comma-separated algorithm presets.")] = "grpo,ppo,dapo",
+    seeds: Annotated[int, typer.Option(help="Seeds per algorithm.")] = 1,
+) -> None:
+    """Algorithms × seeds under one MLflow parent run, then the comparison table and plot."""
+    _load(config, overrides)
+    algorithms = [a.strip() for a in algos.split(",") if a.strip()]
+    for algorithm in algorithms:
+        _load(config, [*(overrides or []), f"algorithm={algorithm}"])
+    _setup_logging(False)
+    from flows.ablation import ablation
+
+    result = ablation(str(config), list(overrides or []), algorithms, seeds)
+    from tasks.compare import render_markdown
+
+    console.print(render_markdown(result["table"]), markup=False)
+    console.print(f"plot: {result['plot']}\nsummary: {result['output_dir']}/summary.json")
+
+
+@app.command()
+def sweep(
+    config: ConfigArg,
+    space: Annotated[Path, typer.Option(help="Search space YAML (see experiments/sweeps/).")],
+    overrides: OverridesArg = None,
+    trials: Annotated[int, typer.Option(help="Number of Optuna trials.")] = 8,
+    storage: Annotated[str | None, typer.Option(help="Optuna storage URL; default sqlite under fileroot.")] = None,
+) -> None:
+    """An Optuna study over the search space; each trial an MLflow child run."""
+    _load(config, overrides)
+    _setup_logging(False)
+    from flows.sweep import load_space
+    from flows.sweep import sweep as sweep_flow
+
+    try:
+        load_space(space, str(config), list(overrides or []))
+    except ValueError as err:
+        err_console.print(f"[bold red]search space error:[/] {err}")
+        raise typer.Exit(code=2) from None
+    result = sweep_flow(str(config), str(space), list(overrides or []), trials, storage)
+    console.print(result)
+
+
+@app.command()
+def deploy(
+    config: Annotated[str, typer.Option(help="Default config_path parameter.")] = "experiments/quickstart.yaml",
+    cron: Annotated[str, typer.Option(help="Schedule of the nightly ablation.")] = "0 2 * * *",
+    algos: Annotated[str, typer.Option(help="Algorithms of the nightly ablation.")] = "grpo,ppo,dapo",
+    seeds: Annotated[int, typer.Option(help="Seeds per algorithm in the nightly ablation.")] = 1,
+    overrides: OverridesArg = None,
+) -> None:
+    """Register the `experiment` and `nightly-ablation` deployments and serve them (needs PREFECT_API_URL)."""
+    _load(Path(config), overrides)
+    _setup_logging(False)
+    from flows.deploy import serve_deployments
+
+    serve_deployments(config, list(overrides or []), cron, [a.strip() for a in algos.split(",")], seeds)
+
+
+@app.command()
+def compare(
+    experiment: Annotated[str, typer.Option("--experiment", help="MLflow experiment name.")] = "quickstart",
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI; default the embedded store under --fileroot.")] = None,
+    fileroot: Annotated[str, typer.Option(help="fileroot of the runs (for the embedded store).")] = "runs",
+    algos: Annotated[str, typer.Option(help="Algorithms to compare.")] = "grpo,ppo,dapo",
+    out: Annotated[Path, typer.Option(help="Where to write the plot.")] = Path("runs/compare.png"),
+) -> None:
+    """Print the GRPO/PPO/DAPO table of an MLflow experiment and write the curves plot."""
+    from tasks.compare import collect_runs, comparison_table, plot_curves, render_markdown
+    from tasks.tracking import tracking_uri as default_uri
+
+    uri = tracking_uri or default_uri(load_config(None, [f"cluster.fileroot={fileroot}"]))
+    records = collect_runs(uri, experiment, algorithms=[a.strip() for a in algos.split(",")])
+    if not records:
+        err_console.print(f"no runs of {algos} in MLflow experiment {experiment!r} at {uri}")
+        raise typer.Exit(code=1)
+    console.print(render_markdown(comparison_table(records)), markup=False)
+    console.print(f"plot: {plot_curves(records, out)}")
+
+
+stack_app = typer.Typer(help="Local services: Prefect server, MLflow server, S3 endpoint.", no_args_is_help=True)
+app.add_typer(stack_app, name="stack")
+StateDir = Annotated[Path, typer.Option(help="Folder for PIDs, logs and state.")]
+
+
+@stack_app.command("up")
+def stack_up(state_dir: StateDir = Path(".asyncrl-stack")) -> None:
+    """Start the stack on 127.0.0.1 and print the environment to export."""
+    from infra.stack import stack_up as up
+
+    info = up(state_dir)
+    for key, value in info.env().items():
+        console.print(f"export {key}={value}", markup=False)
+
+
+@stack_app.command("down")
+def stack_down(state_dir: StateDir = Path(".asyncrl-stack")) -> None:
+    """Stop every process the stack started."""
+    from infra.stack import stack_down as down
+
+    down(state_dir)
+
+
+@stack_app.command("status")
+def stack_status(state_dir: StateDir = Path(".asyncrl-stack")) -> None:
+    """Which services are running and healthy."""
+    from infra.stack import stack_status as status
+
+    console.print(status(state_dir))
 
 
 @config_app.command("show")

@@ -120,6 +120,12 @@ def test_value_checks_name_the_field() -> None:
         load_config(QUICKSTART, ["rollout.engine=sglang"])
 
 
+def test_overlong_buffer_must_fit_the_generation_budget() -> None:
+    with pytest.raises(ConfigError, match="algorithm.overlong_buffer_len=4096 must be in"):
+        load_config(QUICKSTART, ["algorithm=dapo", "algorithm.overlong_buffer_len=4096"])
+    assert load_config(QUICKSTART, ["algorithm=dapo"]).algorithm.overlong_buffer_len == 12
+
+
 def test_missing_or_broken_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")

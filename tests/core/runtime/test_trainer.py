@@ -26,7 +26,7 @@ QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
 TINY = [
     "data.n_train=120", "data.n_test=16", "eval.n_problems=16", "eval.max_new_tokens=8",
     "sft.enabled=false", "rollout.batch_size=4", "algorithm.group_size=2", "rollout.max_new_tokens=8",
-    "rollout.max_concurrent=16", "eval.every_n_steps=0", "checkpoint.every_n_steps=0",
+    "rollout.max_concurrent=16", "algorithm.overlong_buffer_len=4", "eval.every_n_steps=0", "checkpoint.every_n_steps=0",
 ]
 
 
