@@ -17,6 +17,9 @@ from rich.table import Table
 
 from core.config import Config, ConfigError, docs_markdown, load_config, to_yaml
 
+# Before Prefect is imported: no phone-home from the embedded server (this box has no internet).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
 app = typer.Typer(help="Asynchronous RL for LLMs and LLM agents.", no_args_is_help=True, add_completion=False)
 config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")

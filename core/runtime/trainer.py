@@ -94,6 +94,7 @@ class Trainer:
         self.publish_root = local_path(join(config.run_dir, "weights"))
         self.pad_id = load_tokenizer(config.model.tokenizer_path or model_dir).pad_token_id
         self.evals: list[dict[str, Any]] = []
+        self._started = time.perf_counter()
         self.batches_path = local_path(join(config.run_dir, "batches.jsonl"))
         self.batches_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -110,8 +111,9 @@ class Trainer:
             version = start
             if not self.evals:
                 self._evaluate(rollout, version)  # the starting point, same engine and settings
-            totals = {"samples": 0, "tokens": 0, "train_s": 0.0, "wall_s": 0.0}
-            run_started = time.perf_counter()
+            totals = {"samples": 0, "tokens": 0, "train_s": 0.0, "wait_s": 0.0, "publish_s": 0.0, "step_s": 0.0,
+                      "wall_s": 0.0}
+            run_started = self._started = time.perf_counter()
             for step in range(start, cfg.actor.total_steps):
                 version = self._step(step, learners, rollout, totals)
                 last = step + 1 == cfg.actor.total_steps
@@ -152,6 +154,9 @@ class Trainer:
         totals["samples"] += len(batch)
         totals["tokens"] += n_tokens
         totals["train_s"] += t_train
+        totals["wait_s"] += t_wait
+        totals["step_s"] += wall
+        totals["publish_s"] += publish_s
         rewards = batch.rewards
         metrics = {
             "reward/mean": float(rewards.mean()),
@@ -199,7 +204,8 @@ class Trainer:
     def _evaluate(self, rollout: Any, version: int) -> None:
         t0 = time.perf_counter()
         result = rollout.call("evaluate", self.test, self.config.eval.max_new_tokens)
-        result.update(version=version, seconds=time.perf_counter() - t0)
+        # elapsed_s: RL wall time when this eval started (for time-to-target-accuracy).
+        result.update(version=version, seconds=time.perf_counter() - t0, elapsed_s=t0 - self._started)
         self.evals.append(result)
         self.sink.log_metrics({"eval/accuracy": result["accuracy"], "eval/direct_share": result["direct_share"]},
                               version)
@@ -253,6 +259,8 @@ class Trainer:
         return every > 0 and (step + 1) % every == 0
 
     def _summary(self, totals: dict[str, float]) -> dict[str, float]:
-        wall = max(totals["wall_s"], 1e-9)
+        """Throughput over training steps only (evals and checkpoints excluded, they are optional)."""
+        wall = max(totals["step_s"], 1e-9)
         return {"samples_per_s": totals["samples"] / wall, "tokens_per_s": totals["tokens"] / wall,
-                "learner_busy_fraction": totals["train_s"] / wall, "rl_wall_s": totals["wall_s"]}
+                "learner_busy_fraction": totals["train_s"] / wall, "rl_wall_s": totals["wall_s"],
+                "wait_rollout_s": totals["wait_s"], "train_s": totals["train_s"], "publish_s": totals["publish_s"]}

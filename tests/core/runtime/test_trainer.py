@@ -149,3 +149,26 @@ def test_kill_and_resume_on_s3(tmp_path: Path, s3_endpoint: str, s3_bucket: str,
     assert fs.exists(f"{base}/step-000004/learner/policy/.metadata")
     rows = [json.loads(line) for line in fs.cat(f"{s3_bucket}/runs/quickstart/s3run/batches.jsonl").splitlines()]
     assert {row["step"] for row in rows} >= {2, 3}
+
+
+@pytest.mark.integration
+def test_ray_placement_runs_rollout_and_two_learner_ranks(tmp_path: Path) -> None:
+    """scheduler.type=ray: the rollout worker and a 2-rank FSDP2 learner group as Ray actors."""
+    import ray
+
+    cfg = load_config(QUICKSTART, [*TINY, f"cluster.fileroot={tmp_path}", "experiment.trial=ray",
+                                   "scheduler.type=ray", "actor.n_ranks=2", "scheduler.learner_cpus=1",
+                                   "scheduler.rollout_cpus=1", "rollout.max_staleness=1", "actor.total_steps=3"])
+    try:
+        summary = run_experiment(cfg)
+        assert ray.is_initialized()
+        deadline = time.monotonic() + 20  # ray.kill releases an actor's CPUs asynchronously
+        while (free := ray.available_resources()).get("CPU") != 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        total = ray.cluster_resources()
+    finally:
+        ray.shutdown()
+    assert free.get("CPU") == total.get("CPU") == 2  # the three actors held CPUs and released them
+    assert summary["version"] == 3 == summary["rollout"]["version"]
+    batches = read_jsonl(tmp_path / "quickstart" / "ray" / "batches.jsonl")
+    assert max(s for b in batches for s in b["staleness"]) <= 1
