@@ -211,6 +211,24 @@ def compare(
     console.print(f"plot: {plot_curves(records, out)}")
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Script in experiments/benchmarks/, e.g. async_vs_sync.")]) -> None:
+    """Run a benchmark script (extra arguments are passed to it): prints a table, saves JSON and a plot."""
+    import runpy
+    import sys
+
+    import experiments.benchmarks as benchmarks
+
+    folder = Path(benchmarks.__file__).parent
+    script = folder / f"{name}.py"
+    if not script.is_file():
+        choices = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
+        err_console.print(f"[bold red]error:[/] no benchmark {name!r}; choose one of {choices}")
+        raise typer.Exit(code=2)
+    sys.argv = [str(script), *ctx.args]
+    runpy.run_path(str(script), run_name="__main__")
+
+
 stack_app = typer.Typer(help="Local services: Prefect server, MLflow server, S3 endpoint.", no_args_is_help=True)
 app.add_typer(stack_app, name="stack")
 StateDir = Annotated[Path, typer.Option(help="Folder for PIDs, logs and state.")]

@@ -46,6 +46,12 @@ def test_config_show_prints_resolved_values() -> None:
 
 
 @pytest.mark.unit
+def test_bench_rejects_an_unknown_benchmark() -> None:
+    result = runner.invoke(app, ["bench", "nope"])
+    assert result.exit_code == 2 and "async_vs_sync" in result.output
+
+
+@pytest.mark.unit
 def test_config_docs_lists_every_field() -> None:
     result = runner.invoke(app, ["config", "docs"])
     assert result.exit_code == 0
@@ -62,7 +68,7 @@ def test_run_main_job_writes_summary(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "COLUMNS": "120"},
+        env={**os.environ, "COLUMNS": "120", "PREFECT_HOME": str(tmp_path / "prefect")},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "accuracy before RL" in proc.stdout and "accuracy after RL" in proc.stdout
@@ -76,7 +82,11 @@ def test_run_main_job_writes_summary(tmp_path: Path) -> None:
     for name in ("config.yaml", "model_init/config.json", "sft/config.json", "final/model.safetensors",
                  "metrics.jsonl", "batches.jsonl"):
         assert (run_dir / name).exists(), name
-    assert len((run_dir / "data" / "test.jsonl").read_text().splitlines()) == 40
+    assert len(Path(summary["data"]["test_url"]).read_text().splitlines()) == 40
+    # it ran as a Prefect flow tracked in MLflow (embedded store under the fileroot)
+    assert summary["prefect_flow_run_id"] and summary["mlflow_run_id"]
+    assert (tmp_path / "mlflow.db").exists()
+    assert f"MLflow run: {summary['mlflow_run_id']}" in proc.stdout
 
 
 @pytest.mark.integration

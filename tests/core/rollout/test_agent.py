@@ -2,7 +2,7 @@
 
 The engine here replays scripted model turns (token ids of fixed text, logprob -0.5, its current
 version) so the masks and the turn cutting can be checked token by token; the same workflow runs
-on the real HF engine in test_rollout_hf.py.
+on the real HF engine at the end of this file.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from core.data.templates import render_prompt
 from core.inference.api import GenerationRequest, GenerationResponse, SamplingParams
 from core.models.tokenizer import train_tokenizer
 from core.rollout.agent import ToolAgentWorkflow
@@ -118,3 +119,31 @@ def test_tool_latency_is_paid_per_call(tokenizer) -> None:
     traj = asyncio.run(workflow(tokenizer, latency=0.2).run_episode(engine, SAMPLE))
     assert time.monotonic() - start >= 0.4
     assert traj.metadata["tool_seconds"] >= 0.4
+
+
+@pytest.mark.integration
+def test_agent_episode_on_the_real_engine(tmp_path) -> None:
+    """A tiny random model on the HF engine: whatever it writes, masks and versions line up."""
+    from core.inference.hf_engine import HFEngine
+    from core.models import create_pretrained, load_tokenizer
+
+    corpus = ["Question: 7-2?\nAnswer: <calc>7-2</calc><result>5</result> #### 5"] * 30
+    model_dir = create_pretrained("tiny", corpus, tmp_path / "m", vocab_size=300, seed=0)
+    tok = load_tokenizer(model_dir)
+    engine = HFEngine.from_pretrained(model_dir, seed=0)
+    try:
+        wf = ToolAgentWorkflow(tok, "core.rewards.gsm8k:gsm8k_reward", SamplingParams(24),
+                               toolbox=ToolBox(SandboxLimits(wall_time_s=5)), max_turns=3)
+
+        async def episodes():
+            return await asyncio.gather(*(wf.run_episode(engine, SAMPLE) for _ in range(4)))
+
+        for traj in asyncio.run(episodes()):
+            gen = [i for i, m in enumerate(traj.loss_mask) if m]
+            assert 0 < len(gen) <= 24 and traj.metadata["turns"] >= 1
+            assert all(traj.versions[i] == 0 for i in gen)
+            assert all(traj.versions[i] == -1 for i, m in enumerate(traj.loss_mask) if not m)
+            assert traj.input_ids[: traj.prompt_len] == tok(render_prompt(SAMPLE["question"], "plain"),
+                                                            add_special_tokens=False)["input_ids"]
+    finally:
+        engine.close()

@@ -2,7 +2,7 @@
 
 The engine here is a small token generator in the test (one token per ``token_delay`` seconds,
 stamped with its current version, aborting on pause) so that timing and versions are controlled
-exactly; the real HF engine runs the same executor in tests/core/rollout/test_rollout_hf.py.
+exactly; the real HF engine runs the same executor in tests/core/runtime/test_rollout_worker.py.
 """
 
 from __future__ import annotations
