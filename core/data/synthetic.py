@@ -87,6 +87,13 @@ class SyntheticSpec:
     annotate: bool = field(
         default=True, metadata=_help("Add GSM8K '<<a+b=c>>' calculator annotations to steps.")
     )
+    tool_calls: bool = field(
+        default=False,
+        metadata=_help(
+            "Write worked steps as agent tool calls, '<calc>7-2</calc><result>5</result>', for the "
+            "tool-agent workflow (the environment fills in <result> at rollout time)."
+        ),
+    )
 
     def __post_init__(self) -> None:
         self.operations = list(self.operations)
@@ -149,36 +156,38 @@ class _Problem:
         return self.steps[-1].result
 
 
-def _equation(step: _Step, annotate: bool) -> str:
+def _equation(step: _Step, spec: SyntheticSpec) -> str:
     expr = f"{step.a}{step.op}{step.b}"
-    if annotate:
+    if spec.tool_calls:  # the agent asks a calculator tool; the environment answers
+        return f"<calc>{expr}</calc><result>{step.result}</result>"
+    if spec.annotate:
         return f"{expr}=<<{expr}={step.result}>>{step.result}"
     return f"{expr}={step.result}"
 
 
-def _phrasing_equations(problem: _Problem, annotate: bool) -> str:
+def _phrasing_equations(problem: _Problem, spec: SyntheticSpec) -> str:
     # e.g. "7-2=<<7-2=5>>5. 5*3=<<5*3=15>>15."
-    return " ".join(f"{_equation(s, annotate)}." for s in problem.steps)
+    return " ".join(f"{_equation(s, spec)}." for s in problem.steps)
 
 
-def _phrasing_narrated(problem: _Problem, annotate: bool) -> str:
+def _phrasing_narrated(problem: _Problem, spec: SyntheticSpec) -> str:
     # e.g. "Finn has 7-2=<<7-2=5>>5 beads. Then Finn has 5*3=<<5*3=15>>15 beads."
     parts = []
     for i, step in enumerate(problem.steps):
         lead = f"{problem.name} has" if i == 0 else f"Then {problem.name} has"
-        parts.append(f"{lead} {_equation(step, annotate)} {problem.obj}.")
+        parts.append(f"{lead} {_equation(step, spec)} {problem.obj}.")
     return " ".join(parts)
 
 
-def _phrasing_ordinal(problem: _Problem, annotate: bool) -> str:
+def _phrasing_ordinal(problem: _Problem, spec: SyntheticSpec) -> str:
     # e.g. "First, 7-2=<<7-2=5>>5. Next, 5*3=<<5*3=15>>15."
     return " ".join(
-        f"{'First' if i == 0 else 'Next'}, {_equation(s, annotate)}."
+        f"{'First' if i == 0 else 'Next'}, {_equation(s, spec)}."
         for i, s in enumerate(problem.steps)
     )
 
 
-_PHRASINGS: tuple[Callable[[_Problem, bool], str], ...] = (
+_PHRASINGS: tuple[Callable[[_Problem, SyntheticSpec], str], ...] = (
     _phrasing_equations,
     _phrasing_narrated,
     _phrasing_ordinal,
@@ -264,7 +273,7 @@ def _to_sample(
         answer = f"#### {problem.answer}"
     else:
         phrasing = _PHRASINGS[int(style.split(":")[1])]
-        answer = f"{phrasing(problem, spec.annotate)}\n#### {problem.answer}"
+        answer = f"{phrasing(problem, spec)}\n#### {problem.answer}"
     return {
         "id": f"synthetic-{split}-{seed}-{i}",
         "question": problem.question,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from core.inference.api import InferenceEngine
+from core.inference.api import InferenceEngine, SamplingParams
 
 
 @dataclass
@@ -67,6 +67,11 @@ class Group:
 
 @runtime_checkable
 class Workflow(Protocol):
-    """Produces one trajectory per call; ``None`` rejects the episode (it is counted, not trained on)."""
+    """Produces one trajectory per call; ``None`` rejects the episode (it is counted, not trained on).
+
+    ``sampling`` is how the workflow samples; held-out evals run a copy with greedy sampling.
+    """
+
+    sampling: SamplingParams
 
     async def run_episode(self, engine: InferenceEngine, sample: dict[str, Any]) -> Trajectory | None: ...

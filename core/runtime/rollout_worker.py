@@ -9,6 +9,8 @@ so the same class runs in-process, as a Ray actor, or behind a process boundary.
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import importlib
 import logging
 import threading
@@ -20,17 +22,9 @@ import torch
 
 from core.config import Config
 from core.data.dataloader import ResumableDataLoader
-from core.data.templates import render_prompt
-from core.inference.api import (
-    GenerationRequest,
-    InferenceEngine,
-    SamplingParams,
-    WeightSource,
-    generate_resuming,
-)
+from core.inference.api import InferenceEngine, WeightSource
 from core.models import load_tokenizer
 from core.rewards.gsm8k import is_direct_answer
-from core.rewards.registry import SafeReward, resolve_reward
 from core.rollout.api import Group, Workflow
 from core.rollout.executor import RolloutExecutor
 
@@ -164,17 +158,14 @@ class RolloutWorker:
         return {"dataloader": loader_state, "counters": self.executor.counters.as_dict()}
 
     async def _evaluate(self, samples: list[dict], max_new_tokens: int) -> dict[str, Any]:
-        reward = SafeReward(resolve_reward(self.config.rollout.reward_fn))
-        eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
-        greedy = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=eos)
-        template = self.config.data.template
+        # The training workflow itself, decoding greedily: an agent's eval runs its tools too.
+        greedy = copy.copy(self.workflow)
+        greedy.sampling = dataclasses.replace(self.workflow.sampling, temperature=0.0, top_p=1.0, top_k=0,
+                                              max_new_tokens=max_new_tokens)
 
         async def one(sample: dict) -> tuple[float, str]:
-            prompt = self.tokenizer(render_prompt(sample["question"], template), add_special_tokens=False)
-            request = GenerationRequest(prompt["input_ids"], greedy)
-            response = await generate_resuming(self.engine, request)
-            text = self.tokenizer.decode(response.output_ids, skip_special_tokens=True)
-            return reward(text, sample["answer"]), text
+            trajectory = await greedy.run_episode(self.engine, sample)
+            return trajectory.reward, trajectory.metadata.get("completion", "")
 
         results = await asyncio.gather(*(one(s) for s in samples))
         n = len(results)

@@ -66,8 +66,8 @@ def _check_norm_constant(aggregation: str, norm_constant: float | None, field_na
 
 
 @dataclass
-class SFTLoss:
-    """Masked negative log-likelihood (``core.algorithms.sft_loss``)."""
+class _MaskAggregatedLoss:
+    """A loss whose normaliser depends only on the loss masks and the aggregation mode."""
 
     aggregation: str = "token-mean"
     norm_constant: float | None = None
@@ -80,6 +80,11 @@ class SFTLoss:
         return global_normalizer(
             _masks(micro_batches), self.aggregation, norm_constant=self.norm_constant
         )
+
+
+@dataclass
+class SFTLoss(_MaskAggregatedLoss):
+    """Masked negative log-likelihood (``core.algorithms.sft_loss``)."""
 
     def __call__(self, micro: TrainBatch, outputs: Tensor, normalizer: float) -> LossOutput:
         loss = sft_loss(
@@ -179,21 +184,10 @@ class PolicyLoss:
 
 
 @dataclass
-class ValueLoss:
+class ValueLoss(_MaskAggregatedLoss):
     """Clipped critic loss (``core.algorithms.value_loss``); fields ``old_values``, ``returns``."""
 
     value_clip: float | None = 0.5
-    aggregation: str = "token-mean"
-    norm_constant: float | None = None
-    needs_entropy: bool = False
-
-    def __post_init__(self) -> None:
-        _check_norm_constant(self.aggregation, self.norm_constant, "norm_constant")
-
-    def normalizer(self, micro_batches: Sequence[TrainBatch]) -> float:
-        return global_normalizer(
-            _masks(micro_batches), self.aggregation, norm_constant=self.norm_constant
-        )
 
     def __call__(self, micro: TrainBatch, outputs: Tensor, normalizer: float) -> LossOutput:
         return value_loss(

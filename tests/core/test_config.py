@@ -40,6 +40,8 @@ def test_shipped_configs_validate() -> None:
     assert gpu.rollout.engine == "sglang"
     assert gpu.cluster.n_gpus_per_node == 8
     assert gpu.model.dtype == "bfloat16"
+    agent = load_config(ROOT / "experiments" / "agent_tools.yaml")
+    assert agent.rollout.workflow == "core.rollout.agent:ToolAgentWorkflow" and agent.data.synthetic.tool_calls
 
 
 def test_dotted_overrides_win_over_yaml() -> None:

@@ -215,3 +215,20 @@ def test_spec_works_as_omegaconf_structured_config() -> None:
     assert isinstance(spec, SyntheticSpec)
     assert spec.operations == ["+", "*"] and spec.max_steps == 3
     assert OmegaConf.to_container(OmegaConf.structured(spec))["operations"] == ["+", "*"]
+
+
+def test_tool_call_solutions_match_the_calculator() -> None:
+    """With tool_calls, every worked step is a <calc> call whose <result> the calculator agrees with."""
+    import re
+
+    from core.rewards.gsm8k import gsm8k_reward
+    from core.rollout.tools import calculator
+
+    samples = generate_problems(300, SyntheticSpec(tool_calls=True, max_steps=3), seed=5)
+    worked = [s for s in samples if s["style"] == "worked"]
+    assert worked and all("<<" not in s["answer"] for s in worked)
+    for sample in worked:
+        calls = re.findall(r"<calc>(.*?)</calc><result>(.*?)</result>", sample["answer"])
+        assert calls
+        assert all(calculator(expr) == result for expr, result in calls)
+        assert gsm8k_reward(sample["answer"], sample["answer"]) == 1.0
