@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-StageProgress = Callable[[str, int | None], Callable[[int], None]]
+from core.runtime.job import StageProgress
+
 _progress: StageProgress | None = None
 
 

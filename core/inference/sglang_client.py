@@ -70,20 +70,9 @@ def parse_generate_response(data: dict[str, Any], fallback_version: int) -> Gene
 class SGLangClient(HTTPEngineClient):
     """:class:`~core.inference.api.InferenceEngine` over one or more SGLang-API servers."""
 
-    def __init__(
-        self,
-        addresses: list[str],
-        *,
-        timeout_s: float = 600.0,
-        max_retries: int = 3,
-        retry_backoff_s: float = 0.5,
-        version: int = 0,
-        abort_on_update: bool = True,
-    ) -> None:
-        super().__init__(
-            addresses, timeout_s=timeout_s, max_retries=max_retries,
-            retry_backoff_s=retry_backoff_s, version=version,
-        )  # fmt: skip
+    def __init__(self, addresses: list[str], *, abort_on_update: bool = True, **kwargs: Any) -> None:
+        """``kwargs``: :class:`HTTPEngineClient`'s (timeout_s, max_retries, retry_backoff_s, version)."""
+        super().__init__(addresses, **kwargs)
         self.abort_on_update = abort_on_update
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResponse:

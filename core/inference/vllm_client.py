@@ -86,15 +86,10 @@ class VLLMClient(HTTPEngineClient):
         weight_update_path: str = "/update_weights",
         pause_path: str | None = None,
         resume_path: str | None = None,
-        timeout_s: float = 600.0,
-        max_retries: int = 3,
-        retry_backoff_s: float = 0.5,
-        version: int = 0,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            addresses, timeout_s=timeout_s, max_retries=max_retries,
-            retry_backoff_s=retry_backoff_s, version=version,
-        )  # fmt: skip
+        """``kwargs``: :class:`HTTPEngineClient`'s (timeout_s, max_retries, retry_backoff_s, version)."""
+        super().__init__(addresses, **kwargs)
         self.model_name = model_name
         self.weight_update_path = weight_update_path
         self.pause_path = pause_path

@@ -216,11 +216,7 @@ class Trainer:
     def _checkpoint(self, learners: LearnerGroup, rollout: Any, version: int) -> None:
         path = self.ckpt.path(version)
         learners.call("save_checkpoint", join(path, "learner"))
-        hf_url = join(path, "hf")
-        hf_local = local_path(hf_url)
-        learners.call("export", str(hf_local))
-        if not is_local(hf_url):
-            upload_dir(hf_local, hf_url)
+        self._write_hf(learners, version, join(path, "hf"))
         recover = {"version": version, "rollout": rollout.call("state_dict"), "rng": _rng_state(),
                    "config_hash": config_hash(self.config), "evals": self.evals}
         self.ckpt.commit(version, recover)
@@ -248,11 +244,20 @@ class Trainer:
         return int(recover["version"]), str(hf_local), recover["rollout"]
 
     def _export(self, learners: LearnerGroup, version: int) -> str:
-        url = join(self.config.run_dir, "final")
+        return str(self._write_hf(learners, version, join(self.config.run_dir, "final")))
+
+    def _write_hf(self, learners: LearnerGroup, version: int, url: str) -> Path:
+        """The policy at ``version`` as a HF folder at ``url``: a copy of the folder just published
+        to the engine when there is one (no second full-state gather), else a fresh export."""
         out = local_path(url)
-        learners.call("export", str(out))
-        upload_dir(out, url)
-        return str(out)
+        published = self.publish_root / f"v{version:06d}"
+        if published.is_dir():
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.copytree(published, out)
+        else:
+            learners.call("export", str(out))
+        upload_dir(out, url)  # a no-op for a local url
+        return out
 
     @staticmethod
     def _due(every: int, step: int) -> bool:
