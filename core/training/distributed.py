@@ -10,6 +10,7 @@ returns each rank's result; tests and debugging use it, production launches thro
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import socket
@@ -165,16 +166,22 @@ def _rank_entry(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    # A native crash (SIGABRT/SIGSEGV) then prints the Python stack of every thread.
+    faulthandler.enable(all_threads=True)
     # Ranks share the machine's cores: without a cap each would start one thread per core.
     torch.set_num_threads(num_threads)
     path = Path(result_dir) / f"rank{rank}.pt"
     try:
-        init_distributed()
-        result = fn(*args)
+        try:
+            init_distributed()
+            result = fn(*args)
+        except BaseException:
+            torch.save({"ok": False, "error": traceback.format_exc()}, path)
+            raise
         torch.save({"ok": True, "result": result}, path)
-    except BaseException:
-        torch.save({"ok": False, "error": traceback.format_exc()}, path)
-        raise
+        # Past this barrier every result is stored and every rank is done with its collectives,
+        # so no rank closes its sockets while a peer still waits on them.
+        barrier()
     finally:
         destroy_distributed()
 
@@ -204,10 +211,20 @@ def spawn_local(
             join=False,
             start_method="spawn",
         )
-        _join(context, timeout_s)
-        return [
-            _read_result(Path(result_dir) / f"rank{rank}.pt", rank) for rank in range(world_size)
-        ]
+        paths = [Path(result_dir) / f"rank{rank}.pt" for rank in range(world_size)]
+        try:
+            _join(context, timeout_s)
+        except mp.ProcessExitedException as exc:
+            # A rank that returned its result and then died in teardown (process-group or
+            # interpreter shutdown) did the work: keep the results, say what happened.
+            if exc.exit_code >= 0 or not all(_finished_ok(path) for path in paths):
+                raise
+            logger.warning(
+                "spawn_local: rank %d died with %s after every rank stored its result",
+                exc.error_index,
+                exc.signal_name,
+            )
+        return [_read_result(path, rank) for rank, path in enumerate(paths)]
 
 
 def _join(context: mp.ProcessContext, timeout_s: float) -> None:
@@ -222,6 +239,13 @@ def _join(context: mp.ProcessContext, timeout_s: float) -> None:
             if process.is_alive():
                 process.kill()
                 process.join(timeout=10)
+
+
+def _finished_ok(path: Path) -> bool:
+    try:
+        return bool(torch.load(path, map_location="cpu", weights_only=False)["ok"])
+    except Exception:  # missing or half-written: the rank died before its result was stored
+        return False
 
 
 def _read_result(path: Path, rank: int) -> Any:

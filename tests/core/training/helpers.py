@@ -199,3 +199,18 @@ def collectives_then_fail(fail_rank: int) -> None:
     barrier()
     if rank == fail_rank:
         raise RuntimeError(f"boom on rank {rank}")
+
+
+def abort_on_rank(abort_rank: int, in_teardown: bool) -> int:
+    """Rank function (2 ranks): ``abort_rank`` dies with SIGABRT, in teardown or right now."""
+    import os
+
+    import core.training.distributed as distributed
+
+    rank = get_rank()
+    if rank == abort_rank:
+        if not in_teardown:
+            os.abort()
+        # _rank_entry calls this after the result is stored and every rank passed the barrier.
+        distributed.destroy_distributed = os.abort
+    return rank

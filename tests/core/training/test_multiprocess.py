@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from core.training import (
     Learner,
@@ -20,6 +21,7 @@ from core.training import (
 from tests.core.training.helpers import (
     ADAM,
     SGD_LIKE,
+    abort_on_rank,
     checkpoint_round_trip,
     collectives_then_fail,
     critic_run,
@@ -167,3 +169,12 @@ def test_spawn_local_reports_a_failing_rank() -> None:
     # The ranks first check all_reduce_sum/all_reduce_max/is_main/barrier (asserts in the rank).
     with pytest.raises(Exception, match="boom on rank 1"):
         spawn_local(collectives_then_fail, 2, 1, timeout_s=120)
+
+
+def test_spawn_local_keeps_results_of_a_rank_that_dies_in_teardown(caplog) -> None:
+    # Died after storing its result (process-group teardown): results are kept, with a warning.
+    assert spawn_local(abort_on_rank, 2, 1, True, timeout_s=120) == [0, 1]
+    assert "rank 1 died with SIGABRT after every rank stored its result" in caplog.text
+    # Died before: that is a failure.
+    with pytest.raises(mp.ProcessExitedException, match="process 1 terminated with signal SIGABRT"):
+        spawn_local(abort_on_rank, 2, 1, False, timeout_s=120)
