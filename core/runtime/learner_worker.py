@@ -90,13 +90,16 @@ class LearnerWorker:
         a = self.algo
         shard = self._shard(batch)
         extra: dict[str, torch.Tensor] = {}
-        if a.decoupled and not a.use_loglinear_proximal:
-            # π_prox: the learner's weights before this update (AReaL's decoupled PPO).
+        # π_prox (AReaL's decoupled PPO) is the learner's weights before this update. With one
+        # optimiser step per update the training forward pass computes exactly that, so the
+        # separate no-grad pass is only needed when minibatches follow each other.
+        one_step = a.ppo_n_minibatches == 1
+        if a.decoupled and not a.use_loglinear_proximal and not one_step:
             extra["proximal_logprobs"] = self.policy.compute_logprobs(shard)
         if a.kl_coef > 0:
             extra["ref_logprobs"] = self.policy.compute_reference_logprobs(shard)
         shard = shard.with_fields(**extra)
-        loss = PolicyLoss(a, current_version=self.policy.version)
+        loss = PolicyLoss(a, current_version=self.policy.version, proximal_is_current=one_step)
         steps = self.policy.update(shard, loss, n_minibatches=a.ppo_n_minibatches, group_size=a.group_size)
         stats = _mean_stats(steps, prefix="actor/")
         if self.critic is not None:

@@ -105,10 +105,17 @@ class PolicyLoss:
     ``Learner.compute_logprobs`` before the update) when ``config.decoupled`` and not
     ``use_loglinear_proximal`` (which needs ``current_version`` instead); ``ref_logprobs`` when
     ``kl_coef > 0``. Without ``decoupled`` the behaviour log-probs are PPO's π_old.
+
+    ``proximal_is_current=True`` takes π_prox from the training forward pass itself (detached)
+    instead of the ``proximal_logprobs`` field. That is exact when the update is a single
+    optimiser step (``ppo_n_minibatches=1``): every micro-batch is then evaluated with the
+    weights of the start of the step, which is what π_prox is, and the separate no-grad forward
+    pass is saved.
     """
 
     config: AlgorithmConfig
     current_version: int | None = None
+    proximal_is_current: bool = False
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -135,6 +142,8 @@ class PolicyLoss:
             return loglinear_proximal_logprobs(
                 micro.behaviour_logprobs, logprobs, micro.versions, self.current_version
             )
+        if self.proximal_is_current:
+            return logprobs.detach()
         if "proximal_logprobs" not in micro:
             raise ValueError(
                 "decoupled PPO needs the batch field 'proximal_logprobs' "

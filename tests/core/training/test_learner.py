@@ -97,6 +97,22 @@ def test_loglinear_proximal_and_plain_ppo_run(model_dir, batch) -> None:
     assert plain["behav_weight_mean"] == 1.0  # no behaviour correction in plain PPO
 
 
+def test_proximal_from_the_training_pass_matches_a_separate_pass(model_dir, batch) -> None:
+    # One optimiser step: π_prox from the step's own forward pass (no extra no-grad pass) gives
+    # the same loss, statistics and weights as recomputing it first.
+    explicit, implicit = (Learner(model_dir, **ADAM, micro_batch_tokens=64) for _ in range(2))
+    prox = explicit.compute_logprobs(batch)
+    a = explicit.train_step(batch.with_fields(proximal_logprobs=prox), PolicyLoss(AlgorithmConfig()))
+    b = implicit.train_step(batch, PolicyLoss(AlgorithmConfig(), proximal_is_current=True))
+    for key in ("loss", "policy_loss", "grad_norm", "behav_weight_mean", "clip_frac"):
+        assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+    assert max_abs_diff(explicit.full_state_dict(), implicit.full_state_dict()) < 1e-6
+    # A second step is no longer at π_prox = start-of-update weights: the results then differ.
+    a2 = explicit.train_step(batch.with_fields(proximal_logprobs=prox), PolicyLoss(AlgorithmConfig()))
+    b2 = implicit.train_step(batch, PolicyLoss(AlgorithmConfig(), proximal_is_current=True))
+    assert a2["clip_frac"] != b2["clip_frac"] or a2["policy_loss"] != pytest.approx(b2["policy_loss"])
+
+
 def test_stats_accumulator_weights_and_extrema() -> None:
     acc = StatsAccumulator()
     acc.add({"clip_frac": 0.5, "ratio_max": 1.2, "ratio_min": 0.9, "policy_loss": 0.25}, weight=3)
