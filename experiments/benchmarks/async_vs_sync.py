@@ -1,16 +1,26 @@
-"""Async vs sync on the quickstart math task: the same RL run at several staleness bounds η.
+"""Async vs sync: the same RL run at staleness bounds η = 0 (synchronous) … 8, on two tasks.
 
-    python experiments/benchmarks/async_vs_sync.py --etas 0,1,2,4,8 --steps 20
+    python experiments/benchmarks/async_vs_sync.py                 # both tasks, η ∈ {0,1,2,4,8}
+    asyncrl bench async_vs_sync --tasks agent --etas 0,4           # the same through the CLI
 
-All settings start from one SFT warm-started model (trained once, or given with --model) and run
-the same number of RL steps through the bare core loop. η = 0 is the synchronous baseline; it is
-run with 1 and 2 torch threads per process (rollout and learner alternate, so sync may use both
-cores in each phase) and the faster one is the reference. Reported per setting: trained samples/s
-and tokens/s (over training steps), learner busy fraction, time split, final held-out accuracy,
-time to reach --target accuracy, mean/max staleness. The ceiling of overlap is
-(T_gen + T_train) / max(T_gen, T_train), measured from the sync run's own phases.
+Tasks: ``math`` (experiments/quickstart.yaml) and ``agent`` (experiments/agent_tools.yaml: a
+tool-calling agent whose calculator answers after 0.5 s). Per task one SFT warm start is trained
+(or given with ``--model TASK=DIR``) and every setting starts RL from it through the bare core
+loop. η = 0 runs with 1 and with 2 torch threads per process (rollout and learner take turns, so
+sync may use both cores in each phase); the faster one is the baseline.
 
-Prints a table and writes results.json and throughput_vs_eta.png under --out.
+Reported per setting: trained samples/s and tokens/s (over training steps; evals excluded),
+learner busy fraction, per-step time split, held-out accuracy before/after, RL seconds to reach
+the task's target accuracy (eval pauses excluded), mean/max staleness. Two ceilings per task:
+
+- overlap ceiling (T_gen + T_train) / max(T_gen, T_train) from the best sync run's own phases:
+  what overlap alone could buy if each phase kept its speed while sharing the machine;
+- learner bound: best-sync step time / the 1-thread learner's step time. Async puts the learner
+  on one core and the rollout on the other, so it cannot step faster than that learner.
+
+Writes ``results.json``, ``throughput_vs_eta.png`` and ``accuracy_vs_time.png`` under ``--out``
+and logs them, with one nested MLflow run per setting (per-step metrics), to the tracking store
+of the task configs (``{fileroot}/mlflow.db``, experiment ``benchmarks``).
 """
 
 from __future__ import annotations
@@ -19,138 +29,282 @@ import argparse
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import mlflow
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.table import Table
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from core.config import load_config  # noqa: E402
-from core.runtime.metrics import MemorySink  # noqa: E402
-from core.runtime.sft import sft_warm_start  # noqa: E402
-from core.runtime.stages import build_or_load_model, prepare_data  # noqa: E402
-from core.runtime.trainer import Trainer  # noqa: E402
+from core.config import Config, load_config
+from core.runtime.metrics import FanOut, MemorySink
+from core.runtime.stages import prepare_data
+from core.runtime.trainer import Trainer
+from experiments.benchmarks._common import warm_start
+from tasks.tracking import MLflowSink, start_run
 
 logger = logging.getLogger("bench")
 
 
-def run_setting(config_path: str, base: list[str], model_dir: str, data: Any, eta: int, threads: int,
-                steps: int, out: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TaskSpec:
+    """One benchmark task: its config, RL length, eval cadence and time-to-target accuracy."""
+
+    config: str
+    steps: int
+    eval_every: int
+    target: float
+
+
+TASKS = {
+    "math": TaskSpec("experiments/quickstart.yaml", steps=20, eval_every=5, target=0.45),
+    "agent": TaskSpec("experiments/agent_tools.yaml", steps=10, eval_every=2, target=0.6),
+}
+
+
+def load(task: TaskSpec, overrides: list[str]) -> Config:
+    return load_config(task.config, [*overrides, "tracking.mlflow_experiment=benchmarks"])
+
+
+def run_setting(task: TaskSpec, base: list[str], model_dir: str, data: Any, eta: int,
+                threads: int, parent_id: str, name: str) -> dict[str, Any]:
+    """One RL run from the warm start; a nested MLflow run gets its per-step metrics."""
     trial = f"eta{eta}-t{threads}"
-    cfg = load_config(config_path, [*base, f"rollout.max_staleness={eta}", f"scheduler.torch_threads={threads}",
-                                     f"actor.total_steps={steps}", f"cluster.fileroot={out}", f"experiment.trial={trial}",
-                                     "checkpoint.every_n_steps=0", "sft.enabled=false"])
-    sink = MemorySink()
-    started = time.perf_counter()
-    result = Trainer(cfg, model_dir, data.train, data.test, sink).run()
-    s = result.summary
-    steps_run = max(result.steps_run, 1)
-    return {
-        "setting": trial, "eta": eta, "threads": threads, "steps": result.steps_run,
-        "samples_per_s": s["samples_per_s"], "tokens_per_s": s["tokens_per_s"],
-        "learner_busy_fraction": s["learner_busy_fraction"],
-        "gen_wait_s_per_step": s["wait_rollout_s"] / steps_run, "train_s_per_step": s["train_s"] / steps_run,
-        "publish_s_per_step": s["publish_s"] / steps_run,
-        "accuracy_start": result.evals[0]["accuracy"], "accuracy_final": result.evals[-1]["accuracy"],
-        "evals": [{k: e[k] for k in ("version", "accuracy", "elapsed_s")} for e in result.evals],
-        "mean_staleness": _mean_staleness(sink), "max_staleness": max((v for _, v in sink.series("staleness/max")), default=0),
-        "wall_s": time.perf_counter() - started,
-    }
+    cfg = load(task, [*base, f"rollout.max_staleness={eta}", f"scheduler.torch_threads={threads}",
+                      f"experiment.trial={trial}", "checkpoint.every_n_steps=0",
+                      "sft.enabled=false"])
+    memory = MemorySink()
+    with start_run(cfg, run_name=f"{name}/{trial}", parent_run_id=parent_id,
+                   tags={"kind": "benchmark", "task": name}) as run:
+        sink = FanOut([memory, MLflowSink(run.info.run_id)])
+        started = time.perf_counter()
+        result = Trainer(cfg, model_dir, data.train, data.test, sink).run()
+        s, n = result.summary, max(result.steps_run, 1)
+        row = {
+            "task": name, "setting": trial, "eta": eta, "threads": threads,
+            "steps": result.steps_run, "samples_per_s": s["samples_per_s"],
+            "tokens_per_s": s["tokens_per_s"], "learner_busy_fraction": s["learner_busy_fraction"],
+            "gen_wait_s_per_step": s["wait_rollout_s"] / n, "train_s_per_step": s["train_s"] / n,
+            "publish_s_per_step": s["publish_s"] / n,
+            "step_s": _mean(v for _, v in memory.series("time/step_s")),
+            "accuracy_start": result.evals[0]["accuracy"],
+            "accuracy_final": result.evals[-1]["accuracy"],
+            "evals": _train_time_evals(result.evals),
+            "mean_staleness": _mean(v for _, v in memory.series("staleness/mean")),
+            "max_staleness": max((v for _, v in memory.series("staleness/max")), default=0.0),
+            "wall_s": time.perf_counter() - started, "mlflow_run_id": run.info.run_id,
+        }
+        row["time_to_target_s"] = _first_at(row["evals"], task.target)
+        sink.log_metrics({f"bench/{k}": v for k, v in row.items()
+                          if isinstance(v, float | int)}, result.steps_run)
+    return row
 
 
-def _mean_staleness(sink: MemorySink) -> float:
-    values = [v for _, v in sink.series("staleness/mean")]
-    return sum(values) / len(values) if values else 0.0
+def _train_time_evals(evals: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Each eval with ``train_s``: RL wall seconds before it, minus the earlier evals' pauses."""
+    out, paused = [], 0.0
+    for i, e in enumerate(evals):
+        out.append({"version": e["version"], "accuracy": e["accuracy"],
+                    "train_s": max(0.0, e["elapsed_s"] - paused) if i else 0.0})
+        if i:  # the first eval runs before the RL clock starts
+            paused += e["seconds"]
+    return out
 
 
-def time_to_target(row: dict[str, Any], target: float) -> float | None:
-    hits = [e["elapsed_s"] for e in row["evals"] if e["accuracy"] >= target]
+def _first_at(evals: list[dict[str, float]], target: float) -> float | None:
+    hits = [e["train_s"] for e in evals if e["accuracy"] >= target]
     return min(hits) if hits else None
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default="experiments/quickstart.yaml")
-    p.add_argument("--etas", default="0,1,2,4,8")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--eval-every", type=int, default=10)
-    p.add_argument("--target", type=float, default=0.45, help="held-out accuracy for time-to-target")
-    p.add_argument("--model", default=None, help="warm-started HF folder; default: run SFT once")
-    p.add_argument("--sync-threads", default="1,2", help="torch threads tried for the η=0 baseline")
-    p.add_argument("--out", default="runs/benchmarks/async_vs_sync")
-    p.add_argument("overrides", nargs="*", help="extra config overrides (key=value)")
-    args = p.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    out = Path(args.out).resolve()
-    base = [*args.overrides, f"eval.every_n_steps={args.eval_every}"]
+def _mean(values: Any) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
 
-    cfg = load_config(args.config, [*base, f"cluster.fileroot={out}", "experiment.trial=data"])
-    data = prepare_data(cfg)
-    model_dir = args.model
+
+def run_task(name: str, task: TaskSpec, args: argparse.Namespace, parent_id: str) -> dict[str, Any]:
+    # The task's RL length and eval cadence, then the user's overrides (which win).
+    base = [f"actor.total_steps={task.steps}", f"eval.every_n_steps={task.eval_every}",
+            *args.overrides, f"cluster.fileroot={args.fileroot}"]
+    cfg = load(task, [*base, "experiment.trial=bench-data"])
+    model_dir = args.models.get(name)
     if model_dir is None:
-        t = time.perf_counter()
-        model_dir = str(sft_warm_start(cfg, build_or_load_model(cfg, data), data.train, MemorySink()))
-        print(f"SFT warm start: {time.perf_counter() - t:.0f} s → {model_dir}")
-
+        data, sft_dir = warm_start(cfg, name)
+        model_dir = str(sft_dir)
+    else:
+        data = prepare_data(cfg)
     rows = []
-    for eta in [int(e) for e in args.etas.split(",")]:
-        for threads in ([int(t) for t in args.sync_threads.split(",")] if eta == 0 else [1]):
-            row = run_setting(args.config, base, model_dir, data, eta, threads, args.steps, out)
-            row["time_to_target_s"] = time_to_target(row, args.target)
+    for eta in args.etas:
+        for threads in args.sync_threads if eta == 0 else [1]:
+            row = run_setting(task, base, model_dir, data, eta, threads, parent_id, name)
             rows.append(row)
-            print(f"{row['setting']}: {row['samples_per_s']:.1f} samples/s, busy {row['learner_busy_fraction']:.2f}, "
-                  f"accuracy {row['accuracy_start']:.3f} → {row['accuracy_final']:.3f}")
+            print(f"[{name}] {row['setting']}: {row['samples_per_s']:.1f} samples/s, busy "
+                  f"{row['learner_busy_fraction']:.2f}, accuracy {row['accuracy_start']:.3f} → "
+                  f"{row['accuracy_final']:.3f}", flush=True)
+    return summarize(name, task, rows, model_dir)
 
-    sync = max((r for r in rows if r["eta"] == 0), key=lambda r: r["samples_per_s"])
-    t_gen, t_train = sync["gen_wait_s_per_step"], sync["train_s_per_step"] + sync["publish_s_per_step"]
-    ceiling = (t_gen + t_train) / max(t_gen, t_train, 1e-9)
+
+def summarize(name: str, task: TaskSpec, rows: list[dict[str, Any]], model: str) -> dict[str, Any]:
+    """Speed-ups against the best sync setting and the two ceilings (see the module docstring)."""
+    syncs = [r for r in rows if r["eta"] == 0]
+    sync = max(syncs, key=lambda r: r["samples_per_s"])
+    t_gen = sync["gen_wait_s_per_step"]
+    t_train = sync["train_s_per_step"] + sync["publish_s_per_step"]
+    one_thread = [r for r in syncs if r["threads"] == 1]
+    learner_1t = one_thread[0]["train_s_per_step"] if one_thread else None
     for row in rows:
         row["speedup_vs_best_sync"] = row["samples_per_s"] / sync["samples_per_s"]
-    report = {"rows": rows, "best_sync": sync["setting"], "ceiling": ceiling, "T_gen_s": t_gen, "T_train_s": t_train,
-              "steps": args.steps, "target_accuracy": args.target, "model": model_dir}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(report, indent=2))
-    _plot(rows, out / "throughput_vs_eta.png")
-    _print(report)
+    best_async = max((r for r in rows if r["eta"] > 0), key=lambda r: r["samples_per_s"],
+                     default=None)
+    return {
+        "task": name, "config": task.config, "steps": rows[0]["steps"], "target_accuracy": task.target,
+        "model": model, "rows": rows, "best_sync": sync["setting"],
+        "best_async": best_async["setting"] if best_async else None,
+        "T_gen_s": t_gen, "T_train_s": t_train,
+        "overlap_ceiling": (t_gen + t_train) / max(t_gen, t_train, 1e-9),
+        "learner_1thread_s": learner_1t,
+        "learner_bound": sync["step_s"] / learner_1t if learner_1t else None,
+    }
 
 
-def _print(report: dict[str, Any]) -> None:
-    table = Table(title=f"async vs sync, {report['steps']} RL steps (ceiling {report['ceiling']:.2f}×: "
-                        f"T_gen {report['T_gen_s']:.2f} s, T_train {report['T_train_s']:.2f} s per step)")
-    for col in ("setting", "samples/s", "tokens/s", "× best sync", "busy", "acc start → final",
-                "t→target s", "staleness mean/max"):
+# ------------------------------------------------------------------------------ output
+def print_table(report: dict[str, Any]) -> None:
+    bound = report["learner_bound"]
+    title = (f"{report['task']}: {report['steps']} RL steps · overlap ceiling "
+             f"{report['overlap_ceiling']:.2f}× (T_gen {report['T_gen_s']:.2f} s, T_train "
+             f"{report['T_train_s']:.2f} s/step) · learner bound "
+             + (f"{bound:.2f}×" if bound else "n/a"))
+    table = Table(title=title)
+    for col in ("setting", "samples/s", "tokens/s", "× best sync", "busy", "gen wait s",
+                "train s", "acc start → final", f"s to {report['target_accuracy']:.2f}",
+                "staleness mean/max"):
         table.add_column(col, justify="right")
     for r in report["rows"]:
         ttt = "—" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f}"
         table.add_row(r["setting"], f"{r['samples_per_s']:.1f}", f"{r['tokens_per_s']:.0f}",
                       f"{r['speedup_vs_best_sync']:.2f}", f"{r['learner_busy_fraction']:.2f}",
+                      f"{r['gen_wait_s_per_step']:.2f}", f"{r['train_s_per_step']:.2f}",
                       f"{r['accuracy_start']:.3f} → {r['accuracy_final']:.3f}", ttt,
                       f"{r['mean_staleness']:.2f} / {r['max_staleness']:.0f}")
-    Console().print(table)
+    Console(width=160).print(table)
 
 
-def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    best = {}
+def _best_per_eta(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    best: dict[int, dict[str, Any]] = {}
     for r in rows:
         if r["eta"] not in best or r["samples_per_s"] > best[r["eta"]]["samples_per_s"]:
             best[r["eta"]] = r
-    etas = sorted(best)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.plot(etas, [best[e]["samples_per_s"] for e in etas], marker="o")
-    ax1.set_xlabel("staleness bound η")
-    ax1.set_ylabel("trained samples / s")
-    ax1.set_title("throughput vs η")
-    ax2.plot(etas, [best[e]["accuracy_final"] for e in etas], marker="o", color="tab:green")
-    ax2.set_xlabel("staleness bound η")
-    ax2.set_ylabel("held-out accuracy after RL")
-    ax2.set_title("accuracy vs η")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return dict(sorted(best.items()))
+
+
+def plot_eta(reports: list[dict[str, Any]], path: Path) -> Path:
+    """Throughput (× best sync) and final accuracy vs η, one line per task."""
+    fig = Figure(figsize=(11, 4.2), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    speed, acc = fig.subplots(1, 2)
+    for i, report in enumerate(reports):
+        best = _best_per_eta(report["rows"])
+        etas = list(best)
+        color = f"C{i}"
+        speed.plot(etas, [best[e]["speedup_vs_best_sync"] for e in etas], marker="o",
+                   color=color, label=report["task"])
+        if report["learner_bound"]:
+            speed.axhline(min(report["learner_bound"], report["overlap_ceiling"]), color=color,
+                          linestyle=":", linewidth=1, label=f"{report['task']} ceiling")
+        acc.plot(etas, [best[e]["accuracy_final"] for e in etas], marker="o", color=color,
+                 label=report["task"])
+    speed.set(xlabel="staleness bound η", ylabel="trained samples/s ÷ best sync",
+              title="throughput vs η")
+    acc.set(xlabel="staleness bound η", ylabel="held-out accuracy after RL",
+            title="final accuracy vs η")
+    for ax in (speed, acc):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.savefig(path)
+    return path
+
+
+def plot_curves(reports: list[dict[str, Any]], path: Path) -> Path:
+    """Held-out accuracy vs RL seconds (eval pauses excluded), one line per η, per task."""
+    fig = Figure(figsize=(5.5 * len(reports), 4.2), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(reports), squeeze=False)[0]
+    for ax, report in zip(axes, reports, strict=True):
+        for i, (eta, row) in enumerate(_best_per_eta(report["rows"]).items()):
+            ax.plot([e["train_s"] for e in row["evals"]], [e["accuracy"] for e in row["evals"]],
+                    marker="o", markersize=3, color=f"C{i}", label=f"η={eta} ({row['setting']})")
+        ax.axhline(report["target_accuracy"], color="grey", linestyle=":", linewidth=1)
+        ax.set(xlabel="RL seconds", ylabel="held-out accuracy", title=report["task"])
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.savefig(path)
+    return path
+
+
+def _pairs(values: list[str]) -> dict[str, str]:
+    out = {}
+    for value in values:
+        key, sep, folder = value.partition("=")
+        if not sep or key not in TASKS:
+            raise SystemExit(f"--model expects TASK=DIR with TASK in {sorted(TASKS)}, got {value!r}")
+        out[key] = folder
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", default="math,agent", help=f"comma-separated, from {sorted(TASKS)}")
+    p.add_argument("--etas", default="0,1,2,4,8", help="staleness bounds; 0 = synchronous")
+    p.add_argument("--sync-threads", default="1,2", help="torch threads tried for η = 0")
+    p.add_argument("--model", action="append", default=[], metavar="TASK=DIR",
+                   help="a warm-started HF folder for TASK (skips its SFT)")
+    p.add_argument("--fileroot", default="runs", help="cluster.fileroot of the runs (MLflow too)")
+    p.add_argument("--out", default="runs/benchmarks/async_vs_sync", help="JSON and plots")
+    p.add_argument("overrides", nargs="*", help="config overrides for every run (key=value)")
+    args = p.parse_args(argv)
+    args.tasks = [t for t in args.tasks.split(",") if t]
+    unknown = [t for t in args.tasks if t not in TASKS]
+    if unknown:
+        p.error(f"--tasks: unknown {unknown}; choose from {sorted(TASKS)}")
+    args.etas = [int(e) for e in args.etas.split(",")]
+    args.sync_threads = [int(t) for t in args.sync_threads.split(",")]
+    if 0 not in args.etas:
+        p.error("--etas must include 0: the synchronous baseline")
+    args.models = _pairs(args.model)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    for name in args.tasks:  # every config validates before any work starts
+        load(TASKS[name], [*args.overrides, f"cluster.fileroot={args.fileroot}"])
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    first = load(TASKS[args.tasks[0]], [*args.overrides, f"cluster.fileroot={args.fileroot}"])
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    with start_run(first, run_name=f"async-vs-sync-{stamp}", tags={"kind": "benchmark"}) as parent:
+        reports = [run_task(name, TASKS[name], args, parent.info.run_id) for name in args.tasks]
+        results = out / "results.json"
+        results.write_text(json.dumps({"tasks": reports, "etas": args.etas,
+                                       "mlflow_run_id": parent.info.run_id}, indent=2))
+        paths = [results, plot_eta(reports, out / "throughput_vs_eta.png"),
+                 plot_curves(reports, out / "accuracy_vs_time.png")]
+        client = mlflow.MlflowClient()
+        for path in paths:
+            client.log_artifact(parent.info.run_id, str(path))
+        for report in reports:
+            headline = {"overlap_ceiling": report["overlap_ceiling"],
+                        "learner_bound": report["learner_bound"],
+                        **{f"speedup_eta{r['eta']}_t{r['threads']}": r["speedup_vs_best_sync"]
+                           for r in report["rows"]}}
+            mlflow.log_metrics({f"{report['task']}/{k}": v for k, v in headline.items()
+                                if v is not None})
+    for report in reports:
+        print_table(report)
+    print(f"results: {out} · MLflow run {parent.info.run_id}")
 
 
 if __name__ == "__main__":

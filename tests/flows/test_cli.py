@@ -49,6 +49,7 @@ def test_config_show_prints_resolved_values() -> None:
 def test_bench_rejects_an_unknown_benchmark() -> None:
     result = runner.invoke(app, ["bench", "nope"])
     assert result.exit_code == 2 and "async_vs_sync" in result.output
+    assert "orchestration_overhead" in result.output and "_common" not in result.output
 
 
 @pytest.mark.unit
