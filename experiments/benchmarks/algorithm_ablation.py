@@ -12,6 +12,7 @@ table to ``--out`` and prints the table.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_config(args.config, [*base, "experiment.trial=ablation-warm-start"])
         model = str(warm_start(cfg, "ablation")[1])
 
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # as `asyncrl` does
     from flows.ablation import ablation  # Prefect starts its temporary server on first use
     from tasks.compare import render_markdown
 

@@ -2,9 +2,12 @@
 
     python experiments/benchmarks/orchestration_overhead.py [--repeats 2] [key=value ...]
 
-Both variants are the user-facing command, run as a subprocess: ``asyncrl run --plain`` (the core
-loop, no Prefect, no MLflow) and ``asyncrl run`` (a Prefect flow run on a temporary local server,
-every metric in MLflow). Runs alternate plain/flow so slow drift on a shared machine hits both.
+Every variant is the user-facing command, run as a subprocess: ``asyncrl run --plain`` (the core
+loop, no Prefect, no MLflow); ``asyncrl run`` (a Prefect flow run on the temporary local server
+Prefect starts for it, every metric in MLflow); and, unless ``--no-server``, ``asyncrl run`` with
+``PREFECT_API_URL`` set to a Prefect server that is already up (as when runs are triggered from
+the UI; the benchmark starts one with ``infra.stack`` and stops it). Runs alternate between the
+variants so slow drift on a shared machine hits all of them.
 Per run: the command's wall seconds, the job's own wall seconds (``summary.json``: data → SFT →
 RL → eval, without interpreter start-up and server start/stop) and RL samples/s. The overhead is
 reported as flow/plain ratios of both, and as the fixed cost (command − job) per variant.
@@ -17,12 +20,14 @@ Writes ``results.json`` and ``overhead.png`` under ``--out`` and logs both to ML
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +42,11 @@ from tasks.tracking import start_run
 
 SHORT = ["sft.steps=200", "actor.total_steps=20", "eval.every_n_steps=0",
          "checkpoint.every_n_steps=0"]
-VARIANTS = {"plain": ["--plain"], "flow": []}
+VARIANTS = {"plain": ["--plain"], "flow": [], "flow-server": []}
 
 
 def run_once(variant: str, config: str, overrides: list[str], fileroot: str, trial: str,
-             log_dir: Path) -> dict[str, Any]:
+             log_dir: Path, env: dict[str, str]) -> dict[str, Any]:
     """One ``asyncrl run`` as a subprocess; its output goes to ``log_dir/{trial}.log``."""
     asyncrl = Path(sys.executable).with_name("asyncrl")
     cmd = [str(asyncrl), "run", *VARIANTS[variant], config, *overrides,
@@ -49,7 +54,7 @@ def run_once(variant: str, config: str, overrides: list[str], fileroot: str, tri
     log = log_dir / f"{trial}.log"
     started = time.perf_counter()
     with log.open("w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy())
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     command_s = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{variant} run failed (exit {proc.returncode}); see {log}")
@@ -65,43 +70,70 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def median(variant: str, key: str) -> float:
         return statistics.median(r[key] for r in rows if r["variant"] == variant)
 
+    variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
     out: dict[str, Any] = {v: {k: median(v, k) for k in ("command_s", "job_s", "fixed_s",
-                                                          "samples_per_s")} for v in VARIANTS}
-    out["command_ratio"] = out["flow"]["command_s"] / out["plain"]["command_s"]
-    out["job_ratio"] = out["flow"]["job_s"] / out["plain"]["job_s"]
+                                                          "samples_per_s")} for v in variants}
+    for v in variants[1:]:
+        suffix = "" if v == "flow" else f"_{v.replace('-', '_')}"
+        out[f"command_ratio{suffix}"] = out[v]["command_s"] / out["plain"]["command_s"]
+        out[f"job_ratio{suffix}"] = out[v]["job_s"] / out["plain"]["job_s"]
     return out
 
 
+def _ratios(summary: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in summary.items() if "ratio" in k}
+
+
 def print_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    table = Table(title=f"orchestration overhead · flow/plain: command "
-                        f"{summary['command_ratio']:.3f}×, job {summary['job_ratio']:.3f}×")
+    ratios = ", ".join(f"{k} {v:.3f}×" for k, v in _ratios(summary).items())
+    table = Table(title=f"orchestration overhead vs plain · {ratios}")
     for col in ("run", "command s", "job s", "command − job s", "RL samples/s"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r["trial"], f"{r['command_s']:.1f}", f"{r['job_s']:.1f}",
                       f"{r['fixed_s']:.1f}", f"{r['samples_per_s']:.1f}")
-    Console(width=120).print(table)
+    Console(width=140).print(table)
 
 
 def plot(summary: dict[str, Any], path: Path) -> Path:
-    fig = Figure(figsize=(6, 3.6), dpi=110, layout="constrained")
+    fig = Figure(figsize=(9, 3.6), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    names = list(VARIANTS)
+    names = [v for v in VARIANTS if v in summary]
     jobs = [summary[v]["job_s"] for v in names]
     fixed = [summary[v]["fixed_s"] for v in names]
     ax.barh(names, jobs, label="job (data → SFT → RL → eval)")
-    ax.barh(names, fixed, left=jobs, label="start-up / shutdown")
-    ax.set(xlabel="seconds (median)", title=f"flow/plain: {summary['command_ratio']:.3f}×")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.barh(names, fixed, left=jobs, label="interpreter, server start/stop")
+    ax.set(xlabel="seconds (median)",
+           title=f"flow/plain: command {summary['command_ratio']:.3f}×, "
+                 f"job {summary['job_ratio']:.3f}×")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.savefig(path)
     return path
+
+
+@contextlib.contextmanager
+def prefect_server(enabled: bool, state_dir: Path) -> Iterator[dict[str, str] | None]:
+    """A Prefect server already up (``infra.stack``), as ``PREFECT_API_URL``; None if disabled."""
+    if not enabled:
+        yield None
+        return
+    from core.training.distributed import free_port
+    from infra.stack import stack_down, stack_up
+
+    info = stack_up(state_dir, prefect_port=free_port(), mlflow_port=free_port(),
+                    s3_port=free_port())
+    try:
+        yield {"PREFECT_API_URL": info.env()["PREFECT_API_URL"]}
+    finally:
+        stack_down(state_dir)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="experiments/quickstart.yaml")
-    p.add_argument("--repeats", type=int, default=1, help="plain/flow pairs")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of every variant")
+    p.add_argument("--no-server", action="store_true", help="skip the flow-server variant")
     p.add_argument("--fileroot", default="runs/benchmarks/orchestration_overhead/runs")
     p.add_argument("--out", default="runs/benchmarks/orchestration_overhead")
     p.add_argument("overrides", nargs="*", help="config overrides after the short defaults")
@@ -112,23 +144,27 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    base_env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     rows = []
-    for i in range(args.repeats):
-        for variant in VARIANTS:
-            row = run_once(variant, args.config, overrides, args.fileroot,
-                           f"ovh-{stamp}-{variant}{i}", out)
-            print(f"{row['trial']}: command {row['command_s']:.1f} s, job {row['job_s']:.1f} s",
-                  flush=True)
-            rows.append(row)
+    with prefect_server(not args.no_server, out / "stack") as server_env:
+        variants = {"plain": base_env, "flow": base_env}
+        if server_env is not None:
+            variants["flow-server"] = {**base_env, **server_env}
+        for i in range(args.repeats):
+            for variant, env in variants.items():
+                row = run_once(variant, args.config, overrides, args.fileroot,
+                               f"ovh-{stamp}-{variant}{i}", out, env)
+                print(f"{row['trial']}: command {row['command_s']:.1f} s, job "
+                      f"{row['job_s']:.1f} s", flush=True)
+                rows.append(row)
     summary = summarize(rows)
     results = out / "results.json"
     results.write_text(json.dumps({"rows": rows, "summary": summary, "overrides": overrides},
                                   indent=2))
     figure = plot(summary, out / "overhead.png")
     with start_run(cfg, run_name=f"orchestration-overhead-{stamp}", tags={"kind": "benchmark"}):
-        mlflow.log_metrics({"command_ratio": summary["command_ratio"],
-                            "job_ratio": summary["job_ratio"],
-                            **{f"{v}/{k}": summary[v][k] for v in VARIANTS
+        mlflow.log_metrics({**_ratios(summary),
+                            **{f"{v}/{k}": summary[v][k] for v in VARIANTS if v in summary
                                for k in ("command_s", "job_s", "fixed_s")}})
         mlflow.log_artifact(str(results))
         mlflow.log_artifact(str(figure))

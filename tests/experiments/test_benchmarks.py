@@ -51,12 +51,16 @@ def test_arguments_are_checked_before_any_work(capsys) -> None:
 
 def test_overhead_ratios_use_medians() -> None:
     rows = [{"variant": v, "command_s": c, "job_s": j, "fixed_s": c - j, "samples_per_s": 50.0}
-            for v, c, j in [("plain", 100, 95), ("flow", 110, 96), ("plain", 104, 97),
-                            ("flow", 108, 98)]]
+            for v, c, j in [("plain", 100, 95), ("flow", 110, 96), ("flow-server", 103, 96),
+                            ("plain", 104, 97), ("flow", 108, 98), ("flow-server", 105, 97)]]
     summary = ovh.summarize(rows)
     assert summary["command_ratio"] == pytest.approx(109 / 102)
     assert summary["job_ratio"] == pytest.approx(97 / 96)
     assert summary["flow"]["fixed_s"] == pytest.approx(12.0)
+    assert summary["command_ratio_flow_server"] == pytest.approx(104 / 102)
+    # Without the server variant there is no ratio for it.
+    assert "command_ratio_flow_server" not in ovh.summarize(
+        [r for r in rows if r["variant"] != "flow-server"])
 
 
 @pytest.mark.e2e
