@@ -93,7 +93,8 @@ class LearnerWorker:
         # π_prox (AReaL's decoupled PPO) is the learner's weights before this update. With one
         # optimiser step per update the training forward pass computes exactly that, so the
         # separate no-grad pass is only needed when minibatches follow each other.
-        one_step = a.ppo_n_minibatches == 1
+        # (Dropout would make the training pass differ from π_prox, so it then recomputes too.)
+        one_step = a.ppo_n_minibatches == 1 and not _has_dropout(self.policy.model)
         if a.decoupled and not a.use_loglinear_proximal and not one_step:
             extra["proximal_logprobs"] = self.policy.compute_logprobs(shard)
         if a.kl_coef > 0:
@@ -138,6 +139,15 @@ class LearnerWorker:
     def close(self) -> None:
         if self.world_size > 1 and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def _has_dropout(model: torch.nn.Module) -> bool:
+    """Whether a training-mode forward pass is random (dropout modules or config rates > 0)."""
+    config = getattr(model, "config", None)
+    rates = [getattr(config, key, 0.0) or 0.0 for key in
+             ("attention_dropout", "hidden_dropout", "dropout", "attn_pdrop", "resid_pdrop")]
+    modules = (m.p for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    return any(float(r) > 0 for r in rates) or any(p > 0 for p in modules)
 
 
 def _pad_to(values: torch.Tensor, width: int) -> torch.Tensor:

@@ -95,6 +95,7 @@ class Trainer:
         self.pad_id = load_tokenizer(config.model.tokenizer_path or model_dir).pad_token_id
         self.evals: list[dict[str, Any]] = []
         self._started = time.perf_counter()
+        self._paused = 0.0
         self.batches_path = local_path(join(config.run_dir, "batches.jsonl"))
         self.batches_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -114,6 +115,7 @@ class Trainer:
             totals = {"samples": 0, "tokens": 0, "train_s": 0.0, "wait_s": 0.0, "publish_s": 0.0, "step_s": 0.0,
                       "wall_s": 0.0}
             run_started = self._started = time.perf_counter()
+            self._paused = 0.0  # eval and checkpoint seconds since the RL clock started
             for step in range(start, cfg.actor.total_steps):
                 version = self._step(step, learners, rollout, totals)
                 last = step + 1 == cfg.actor.total_steps
@@ -204,8 +206,12 @@ class Trainer:
     def _evaluate(self, rollout: Any, version: int) -> None:
         t0 = time.perf_counter()
         result = rollout.call("evaluate", self.test, self.config.eval.max_new_tokens)
-        # elapsed_s: RL wall time when this eval started (for time-to-target-accuracy).
-        result.update(version=version, seconds=time.perf_counter() - t0, elapsed_s=t0 - self._started)
+        # elapsed_s: RL wall time when this eval started; rl_s: the same without the earlier eval
+        # and checkpoint pauses (for time-to-target-accuracy).
+        seconds = time.perf_counter() - t0
+        result.update(version=version, seconds=seconds, elapsed_s=t0 - self._started,
+                      rl_s=t0 - self._started - self._paused)
+        self._paused += seconds
         self.evals.append(result)
         self.sink.log_metrics({"eval/accuracy": result["accuracy"], "eval/direct_share": result["direct_share"]},
                               version)
@@ -214,12 +220,14 @@ class Trainer:
             self.on_eval(version, result["accuracy"])
 
     def _checkpoint(self, learners: LearnerGroup, rollout: Any, version: int) -> None:
+        t0 = time.perf_counter()
         path = self.ckpt.path(version)
         learners.call("save_checkpoint", join(path, "learner"))
         self._write_hf(learners, version, join(path, "hf"))
         recover = {"version": version, "rollout": rollout.call("state_dict"), "rng": _rng_state(),
                    "config_hash": config_hash(self.config), "evals": self.evals}
         self.ckpt.commit(version, recover)
+        self._paused += time.perf_counter() - t0
 
     def _recover(self) -> tuple[int, str, dict[str, Any] | None]:
         """(start version, folder to start the engine from, rollout state) — fresh or resumed."""

@@ -180,8 +180,12 @@ def _rank_entry(
             raise
         torch.save({"ok": True, "result": result}, path)
         # Past this barrier every result is stored and every rank is done with its collectives,
-        # so no rank closes its sockets while a peer still waits on them.
-        barrier()
+        # so no rank closes its sockets while a peer still waits on them. It fails when a peer
+        # has failed: that peer's error is the one to report, so this rank exits cleanly.
+        try:
+            barrier()
+        except Exception as err:
+            logger.warning("rank %d: final barrier failed (%s); a peer has failed", rank, err)
     finally:
         destroy_distributed()
 

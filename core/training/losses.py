@@ -110,7 +110,7 @@ class PolicyLoss:
     instead of the ``proximal_logprobs`` field. That is exact when the update is a single
     optimiser step (``ppo_n_minibatches=1``): every micro-batch is then evaluated with the
     weights of the start of the step, which is what π_prox is, and the separate no-grad forward
-    pass is saved.
+    pass is saved (for a model without dropout: with it the training pass is random).
     """
 
     config: AlgorithmConfig

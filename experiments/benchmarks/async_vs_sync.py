@@ -15,8 +15,9 @@ the task's target accuracy (eval pauses excluded), mean/max staleness. Two ceili
 
 - overlap ceiling (T_gen + T_train) / max(T_gen, T_train) from the best sync run's own phases:
   what overlap alone could buy if each phase kept its speed while sharing the machine;
-- learner bound: best-sync step time / the 1-thread learner's step time. Async puts the learner
-  on one core and the rollout on the other, so it cannot step faster than that learner.
+- learner bound: best-sync step time / the 1-thread learner's step time (train + publish, from
+  the 1-thread sync run). Async puts the learner on one core and the rollout on the other, so
+  it cannot step faster than that learner.
 
 Writes ``results.json``, ``throughput_vs_eta.png`` and ``accuracy_vs_time.png`` under ``--out``
 and logs them, with one nested MLflow run per setting (per-step metrics), to the tracking store
@@ -104,14 +105,10 @@ def run_setting(task: TaskSpec, base: list[str], model_dir: str, data: Any, eta:
 
 
 def _train_time_evals(evals: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """Each eval with ``train_s``: RL wall seconds before it, minus the earlier evals' pauses."""
-    out, paused = [], 0.0
-    for i, e in enumerate(evals):
-        out.append({"version": e["version"], "accuracy": e["accuracy"],
-                    "train_s": max(0.0, e["elapsed_s"] - paused) if i else 0.0})
-        if i:  # the first eval runs before the RL clock starts
-            paused += e["seconds"]
-    return out
+    """Each eval with ``train_s``: RL wall seconds before it without eval and checkpoint pauses
+    (the trainer's ``rl_s``); the first eval runs before the RL clock starts."""
+    return [{"version": e["version"], "accuracy": e["accuracy"], "train_s": e["rl_s"] if i else 0.0}
+            for i, e in enumerate(evals)]
 
 
 def _first_at(evals: list[dict[str, float]], target: float) -> float | None:
@@ -153,7 +150,9 @@ def summarize(name: str, task: TaskSpec, rows: list[dict[str, Any]], model: str)
     t_gen = sync["gen_wait_s_per_step"]
     t_train = sync["train_s_per_step"] + sync["publish_s_per_step"]
     one_thread = [r for r in syncs if r["threads"] == 1]
-    learner_1t = one_thread[0]["train_s_per_step"] if one_thread else None
+    # An async step still trains and then publishes: both are the learner's time.
+    learner_1t = (one_thread[0]["train_s_per_step"] + one_thread[0]["publish_s_per_step"]
+                  if one_thread else None)
     for row in rows:
         row["speedup_vs_best_sync"] = row["samples_per_s"] / sync["samples_per_s"]
     best_async = max((r for r in rows if r["eta"] > 0), key=lambda r: r["samples_per_s"],
@@ -280,7 +279,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     for name in args.tasks:  # every config validates before any work starts
-        load(TASKS[name], [*args.overrides, f"cluster.fileroot={args.fileroot}"])
+        cfg = load(TASKS[name], [*args.overrides, f"cluster.fileroot={args.fileroot}"])
+        if any(o.startswith("actor.total_steps=") for o in args.overrides) and \
+                cfg.actor.total_steps < 1:
+            raise SystemExit("actor.total_steps must be >= 1: the benchmark measures RL steps")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     first = load(TASKS[args.tasks[0]], [*args.overrides, f"cluster.fileroot={args.fileroot}"])

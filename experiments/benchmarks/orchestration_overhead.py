@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     overrides = [*SHORT, *args.overrides]
     cfg = load_config(args.config, [*overrides, f"cluster.fileroot={args.fileroot}",
                                     "tracking.mlflow_experiment=benchmarks"])  # validates first
+    if cfg.actor.total_steps < 1:
+        p.error("actor.total_steps must be >= 1: the runs are compared on RL throughput too")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")

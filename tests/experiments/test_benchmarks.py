@@ -27,14 +27,16 @@ def test_speedups_and_ceilings_come_from_the_best_sync_setting() -> None:
     assert report["overlap_ceiling"] == pytest.approx((0.8 + 1.2) / 1.2)
     # Best sync steps in 2.0 s; the 1-thread learner alone needs 2.0 s per step.
     assert report["learner_bound"] == pytest.approx(2.0 / 2.0)
+    rows[0]["publish_s_per_step"] = 0.5  # publishing is learner time too
+    assert avs.summarize("math", avs.TASKS["math"], rows, "m")["learner_bound"] == 2.0 / 2.5
 
 
-def test_time_to_target_excludes_eval_pauses() -> None:
-    evals = [{"version": 0, "accuracy": 0.3, "elapsed_s": 0.0, "seconds": 9.0},
-             {"version": 5, "accuracy": 0.4, "elapsed_s": 10.0, "seconds": 4.0},
-             {"version": 10, "accuracy": 0.5, "elapsed_s": 24.0, "seconds": 4.0}]
+def test_time_to_target_uses_rl_seconds() -> None:
+    evals = [{"version": 0, "accuracy": 0.3, "rl_s": 7.0},  # before the RL clock: counts as 0
+             {"version": 5, "accuracy": 0.4, "rl_s": 10.0},
+             {"version": 10, "accuracy": 0.5, "rl_s": 20.0}]
     timed = avs._train_time_evals(evals)
-    assert [e["train_s"] for e in timed] == [0.0, 10.0, 20.0]  # the 4 s pause at v5 is removed
+    assert [e["train_s"] for e in timed] == [0.0, 10.0, 20.0]
     assert avs._first_at(timed, 0.45) == 20.0 and avs._first_at(timed, 0.9) is None
 
 
@@ -78,6 +80,8 @@ def test_async_vs_sync_runs_end_to_end(tmp_path: Path) -> None:
     for row in report["rows"]:
         assert row["steps"] == 3 and row["samples_per_s"] > 0 and row["tokens_per_s"] > 0
         assert [e["version"] for e in row["evals"]] == [0, 2, 3]
+        # RL seconds exclude the eval at version 2, so they stay below the wall time.
+        assert 0 < row["evals"][1]["train_s"] < row["evals"][2]["train_s"] < row["wall_s"]
         assert row["max_staleness"] <= row["eta"]
     sync, asynchronous = report["rows"]
     assert sync["mean_staleness"] == 0.0 and sync["speedup_vs_best_sync"] == 1.0

@@ -100,17 +100,23 @@ def test_loglinear_proximal_and_plain_ppo_run(model_dir, batch) -> None:
 def test_proximal_from_the_training_pass_matches_a_separate_pass(model_dir, batch) -> None:
     # One optimiser step: π_prox from the step's own forward pass (no extra no-grad pass) gives
     # the same loss, statistics and weights as recomputing it first.
+    # Several micro-batches (gradient accumulation) and an entropy bonus in the loss.
+    algo = AlgorithmConfig(entropy_coef=0.01)
     explicit, implicit = (Learner(model_dir, **ADAM, micro_batch_tokens=64) for _ in range(2))
     prox = explicit.compute_logprobs(batch)
-    a = explicit.train_step(batch.with_fields(proximal_logprobs=prox), PolicyLoss(AlgorithmConfig()))
-    b = implicit.train_step(batch, PolicyLoss(AlgorithmConfig(), proximal_is_current=True))
-    for key in ("loss", "policy_loss", "grad_norm", "behav_weight_mean", "clip_frac"):
+    a = explicit.train_step(batch.with_fields(proximal_logprobs=prox), PolicyLoss(algo))
+    b = implicit.train_step(batch, PolicyLoss(algo, proximal_is_current=True))
+    assert a["micro_batches"] > 1
+    for key in ("loss", "policy_loss", "entropy", "grad_norm", "behav_weight_mean", "clip_frac"):
         assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
     assert max_abs_diff(explicit.full_state_dict(), implicit.full_state_dict()) < 1e-6
-    # A second step is no longer at π_prox = start-of-update weights: the results then differ.
-    a2 = explicit.train_step(batch.with_fields(proximal_logprobs=prox), PolicyLoss(AlgorithmConfig()))
-    b2 = implicit.train_step(batch, PolicyLoss(AlgorithmConfig(), proximal_is_current=True))
-    assert a2["clip_frac"] != b2["clip_frac"] or a2["policy_loss"] != pytest.approx(b2["policy_loss"])
+    # A second step is no longer at π_prox = start-of-update weights: the results then differ,
+    # and update() refuses the shortcut for several minibatch steps.
+    a2 = explicit.train_step(batch.with_fields(proximal_logprobs=prox), PolicyLoss(algo))
+    b2 = implicit.train_step(batch, PolicyLoss(algo, proximal_is_current=True))
+    assert a2["policy_loss"] != pytest.approx(b2["policy_loss"], rel=1e-6)
+    with pytest.raises(ValueError, match="one optimiser step"):
+        implicit.update(batch, PolicyLoss(algo, proximal_is_current=True), n_minibatches=2)
 
 
 def test_stats_accumulator_weights_and_extrema() -> None:
@@ -134,3 +140,13 @@ def test_bfloat16_autocast_step(model_dir, batch) -> None:
     assert torch.isfinite(torch.tensor(stats["loss"]))
     assert next(learner.model.parameters()).dtype == torch.float32  # float32 master weights
     assert load_model(model_dir) is not None
+
+
+def test_dropout_is_detected_so_the_learner_recomputes_proximal(model_dir) -> None:
+    from core.runtime.learner_worker import _has_dropout
+
+    model = load_model(model_dir)
+    assert not _has_dropout(model)  # the presets have none: π_prox comes from the training pass
+    model.config.attention_dropout = 0.1
+    assert _has_dropout(model)
+    assert _has_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)))
