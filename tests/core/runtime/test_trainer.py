@@ -87,8 +87,11 @@ def test_checkpoint_manager_ignores_torn_checkpoints(tmp_path: Path) -> None:
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.Popen:
     exe = Path(sys.executable).parent / "asyncrl"
+    # Its own process group: the kill below takes the whole job (workers, Prefect's temporary
+    # server) down at once, as a crashed node would, and leaves nothing running.
     return subprocess.Popen([str(exe), "run", str(QUICKSTART), *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
 
 
 def _resume_case(fileroot: str, ckpt_dir: Any, env: dict[str, str], trial: str) -> list[dict[str, Any]]:
@@ -101,7 +104,7 @@ def _resume_case(fileroot: str, ckpt_dir: Any, env: dict[str, str], trial: str) 
         assert first.poll() is None, f"run ended before the kill: {first.stderr.read()[-3000:]}"
         assert time.monotonic() < deadline, "no checkpoint in time"
         time.sleep(0.2)
-    os.kill(first.pid, signal.SIGKILL)
+    os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     second = _cli([*args, "checkpoint.recover=auto"], env)
     assert second.wait(timeout=300) == 0, second.stderr.read()[-3000:]
