@@ -121,10 +121,14 @@ def _mean(values: Any) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def run_task(name: str, task: TaskSpec, args: argparse.Namespace, parent_id: str) -> dict[str, Any]:
-    # The task's RL length and eval cadence, then the user's overrides (which win).
-    base = [f"actor.total_steps={task.steps}", f"eval.every_n_steps={task.eval_every}",
+def task_overrides(task: TaskSpec, args: argparse.Namespace) -> list[str]:
+    """The task's RL length and eval cadence, then the user's overrides (which win)."""
+    return [f"actor.total_steps={task.steps}", f"eval.every_n_steps={task.eval_every}",
             *args.overrides, f"cluster.fileroot={args.fileroot}"]
+
+
+def run_task(name: str, task: TaskSpec, args: argparse.Namespace, parent_id: str) -> dict[str, Any]:
+    base = task_overrides(task, args)
     cfg = load(task, [*base, "experiment.trial=bench-data"])
     model_dir = args.models.get(name)
     if model_dir is None:
@@ -278,16 +282,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    for name in args.tasks:  # every config validates before any work starts
-        cfg = load(TASKS[name], [*args.overrides, f"cluster.fileroot={args.fileroot}"])
-        if any(o.startswith("actor.total_steps=") for o in args.overrides) and \
-                cfg.actor.total_steps < 1:
-            raise SystemExit("actor.total_steps must be >= 1: the benchmark measures RL steps")
+    # Every config validates before any work starts.
+    configs = [load(TASKS[name], task_overrides(TASKS[name], args)) for name in args.tasks]
+    if any(cfg.actor.total_steps < 1 for cfg in configs):
+        raise SystemExit("actor.total_steps must be >= 1: the benchmark measures RL steps")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    first = load(TASKS[args.tasks[0]], [*args.overrides, f"cluster.fileroot={args.fileroot}"])
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    with start_run(first, run_name=f"async-vs-sync-{stamp}", tags={"kind": "benchmark"}) as parent:
+    with start_run(configs[0], run_name=f"async-vs-sync-{stamp}", tags={"kind": "benchmark"}) as parent:
         reports = [run_task(name, TASKS[name], args, parent.info.run_id) for name in args.tasks]
         results = out / "results.json"
         results.write_text(json.dumps({"tasks": reports, "etas": args.etas,

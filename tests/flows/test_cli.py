@@ -92,32 +92,20 @@ def test_run_main_job_writes_summary(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_engine_serve_speaks_sglang_protocol(tmp_path: Path) -> None:
-    import socket
-    import time
-
     import httpx
 
     from core.models import create_pretrained
+    from core.training.distributed import free_port
+    from tests.servers import wait_healthy
 
     model = create_pretrained("tiny", ["Question: 1+1?\nAnswer: #### 2"] * 20, tmp_path / "m", vocab_size=300, seed=0)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     exe = Path(sys.executable).parent / "asyncrl"
     proc = subprocess.Popen([str(exe), "engine", "serve", "--model", str(model), "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not become healthy"
-            time.sleep(0.3)
+        wait_healthy(f"{url}/health", proc, lambda: proc.stderr.read().decode())
         reply = httpx.post(f"{url}/generate", json={
             "input_ids": [5, 6, 7], "return_logprob": True,
             "sampling_params": {"max_new_tokens": 6, "temperature": 0.0, "stop_token_ids": []},
