@@ -35,7 +35,9 @@ class ConfigError(ValueError):
 def _f(default: Any, help: str, **kwargs: Any) -> Any:
     """A dataclass field with a help string (shown by ``asyncrl config docs``)."""
     if isinstance(default, list | dict):
-        return field(default_factory=lambda: typing.cast(Any, default).copy(), metadata={"help": help})
+        return field(
+            default_factory=lambda: typing.cast(Any, default).copy(), metadata={"help": help}
+        )
     return field(default=default, metadata={"help": help}, **kwargs)
 
 
@@ -53,10 +55,15 @@ class ExperimentConfig:
 class ClusterConfig:
     """Where the run's files live and how many machines it spans."""
 
-    fileroot: str = _f("runs", "Root for run outputs and checkpoints: a local folder or any fsspec URL (s3://bucket/prefix).")
+    fileroot: str = _f(
+        "runs",
+        "Root for run outputs and checkpoints: a local folder or any fsspec URL (s3://bucket/prefix).",
+    )
     n_nodes: int = _f(1, "Number of machines (Ray nodes) the run spans.")
     n_gpus_per_node: int = _f(0, "GPUs per node; 0 runs everything on CPU.")
-    ray_address: str = _f("", "Address of an existing Ray cluster to join; empty starts a local one.")
+    ray_address: str = _f(
+        "", "Address of an existing Ray cluster to join; empty starts a local one."
+    )
 
 
 @dataclass
@@ -66,18 +73,28 @@ class SchedulerConfig:
     type: str = _f("local", "'local' (plain processes, for debugging) or 'ray' (Ray actors).")
     learner_cpus: float = _f(1.0, "CPUs reserved for the learner group (Ray).")
     rollout_cpus: float = _f(1.0, "CPUs reserved for the rollout side (Ray).")
-    torch_threads: int = _f(1, "torch.set_num_threads per process: each side on its own core(s), or they fight.")
+    torch_threads: int = _f(
+        1, "torch.set_num_threads per process: each side on its own core(s), or they fight."
+    )
 
 
 @dataclass
 class ModelConfig:
     """The policy model and its tokenizer."""
 
-    path: str = _f("tiny", "A from-scratch preset ('tiny' ~1M, 'small' ~10M params), a local HF folder, or a hub id.")
-    tokenizer_path: str = _f("", "Tokenizer folder or hub id; empty = the model's (presets train a BPE tokenizer on the training data).")
+    path: str = _f(
+        "tiny",
+        "A from-scratch preset ('tiny' ~1M, 'small' ~10M params), a local HF folder, or a hub id.",
+    )
+    tokenizer_path: str = _f(
+        "",
+        "Tokenizer folder or hub id; empty = the model's (presets train a BPE tokenizer on the training data).",
+    )
     vocab_size: int = _f(400, "Vocabulary size of the tokenizer trained for a preset model.")
     dtype: str = _f("float32", "Parameter dtype: float32 (CPU), bfloat16 or float16 (GPU).")
-    attn_implementation: str = _f("sdpa", "Attention kernel: 'sdpa' (CPU/GPU), 'flash_attention_2' (GPU, gpu extra), 'eager'.")
+    attn_implementation: str = _f(
+        "sdpa", "Attention kernel: 'sdpa' (CPU/GPU), 'flash_attention_2' (GPU, gpu extra), 'eager'."
+    )
 
 
 @dataclass
@@ -85,12 +102,22 @@ class DataConfig:
     """Training and held-out problems."""
 
     source: str = _f("synthetic", "'synthetic' (generated GSM8K-style problems) or 'gsm8k'.")
-    gsm8k_path: str = _f("bundled", "For source=gsm8k: 'bundled' (the repo's copy), 'hub' (openai/gsm8k), or a file/folder path or fsspec URL with {split}.jsonl|parquet.")
+    gsm8k_path: str = _f(
+        "bundled",
+        "For source=gsm8k: 'bundled' (the repo's copy), 'hub' (openai/gsm8k), or a file/folder path or fsspec URL with {split}.jsonl|parquet.",
+    )
     template: str = _f("plain", "Prompt template name (core.data.templates).")
-    n_train: int = _f(4000, "Training problems (synthetic: generated; gsm8k: the first n, 0 = all).")
-    n_test: int = _f(1000, "Held-out problems (synthetic: generated; gsm8k: the first n of the test split, 0 = all).")
+    n_train: int = _f(
+        4000, "Training problems (synthetic: generated; gsm8k: the first n, 0 = all)."
+    )
+    n_test: int = _f(
+        1000,
+        "Held-out problems (synthetic: generated; gsm8k: the first n of the test split, 0 = all).",
+    )
     strict: bool = _f(False, "Raise on a bad row instead of skipping it with a warning.")
-    synthetic: SyntheticSpec = field(default_factory=SyntheticSpec, metadata={"help": "Synthetic problem generator knobs."})
+    synthetic: SyntheticSpec = field(
+        default_factory=SyntheticSpec, metadata={"help": "Synthetic problem generator knobs."}
+    )
 
 
 @dataclass
@@ -112,20 +139,33 @@ class RolloutConfig:
     """Generation: engines, sampling, and the staleness bound of the async loop."""
 
     engine: str = _f("hf", "'hf' (in-process engine, CPU/GPU), 'sglang' or 'vllm' (HTTP servers).")
-    server_addresses: list[str] = _f([], "host:port of running inference servers (sglang/vllm/ours); empty = launch our own.")
+    server_addresses: list[str] = _f(
+        [], "host:port of running inference servers (sglang/vllm/ours); empty = launch our own."
+    )
     batch_size: int = _f(16, "Prompts per training step (each sampled group_size times).")
-    max_staleness: int = _f(4, "Staleness bound η: a sample may be at most η weight versions old; 0 = synchronous RL.")
+    max_staleness: int = _f(
+        4, "Staleness bound η: a sample may be at most η weight versions old; 0 = synchronous RL."
+    )
     max_concurrent: int = _f(64, "Most episodes in flight at once.")
     max_new_tokens: int = _f(64, "Generation budget per completion.")
-    temperature: float = _f(1.0, "Sampling temperature (the learner scales its logits the same way).")
+    temperature: float = _f(
+        1.0, "Sampling temperature (the learner scales its logits the same way)."
+    )
     top_p: float = _f(1.0, "Nucleus sampling; 1.0 = off.")
     top_k: int = _f(0, "Top-k sampling; 0 = off.")
     workflow: str = _f("core.rollout.rlvr:RLVRWorkflow", "Episode workflow, by import path.")
-    reward_fn: str = _f("core.rewards.gsm8k:gsm8k_reward", "Reward function (completion, reference) -> float, by import path.")
+    reward_fn: str = _f(
+        "core.rewards.gsm8k:gsm8k_reward",
+        "Reward function (completion, reference) -> float, by import path.",
+    )
     max_failure_rate: float = _f(0.2, "Stop the run when more than this share of episodes fail.")
     max_turns: int = _f(4, "Tool-agent workflow: most model turns per episode.")
-    tool_latency_s: float = _f(0.0, "Tool-agent workflow: simulated latency per tool call (models remote tools/APIs).")
-    tool_timeout_s: float = _f(5.0, "Tool-agent workflow: wall-time limit of one sandboxed python call.")
+    tool_latency_s: float = _f(
+        0.0, "Tool-agent workflow: simulated latency per tool call (models remote tools/APIs)."
+    )
+    tool_timeout_s: float = _f(
+        5.0, "Tool-agent workflow: wall-time limit of one sandboxed python call."
+    )
 
 
 @dataclass
@@ -133,7 +173,9 @@ class ActorConfig:
     """The learner that trains the policy."""
 
     n_ranks: int = _f(1, "Data-parallel FSDP2 ranks (processes).")
-    micro_batch_tokens: int = _f(8192, "Token budget of one micro-batch (gradient accumulation splits above it).")
+    micro_batch_tokens: int = _f(
+        8192, "Token budget of one micro-batch (gradient accumulation splits above it)."
+    )
     total_steps: int = _f(40, "RL training steps (weight versions).")
 
 
@@ -141,7 +183,10 @@ class ActorConfig:
 class CriticConfig:
     """Value model for PPO-style presets (algorithm.use_critic)."""
 
-    path: str = _f("", "Critic initial weights; empty = the policy's initial weights with a fresh value head (learning rate: algorithm.critic_lr).")
+    path: str = _f(
+        "",
+        "Critic initial weights; empty = the policy's initial weights with a fresh value head (learning rate: algorithm.critic_lr).",
+    )
 
 
 @dataclass
@@ -176,18 +221,34 @@ class TrackingConfig:
 class Config:
     """A whole experiment."""
 
-    experiment: ExperimentConfig = field(default_factory=ExperimentConfig, metadata={"help": "Names and seeds."})
-    cluster: ClusterConfig = field(default_factory=ClusterConfig, metadata={"help": "Files and machines."})
-    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig, metadata={"help": "Process placement."})
-    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "Policy model and tokenizer."})
-    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "Training and held-out data."})
+    experiment: ExperimentConfig = field(
+        default_factory=ExperimentConfig, metadata={"help": "Names and seeds."}
+    )
+    cluster: ClusterConfig = field(
+        default_factory=ClusterConfig, metadata={"help": "Files and machines."}
+    )
+    scheduler: SchedulerConfig = field(
+        default_factory=SchedulerConfig, metadata={"help": "Process placement."}
+    )
+    model: ModelConfig = field(
+        default_factory=ModelConfig, metadata={"help": "Policy model and tokenizer."}
+    )
+    data: DataConfig = field(
+        default_factory=DataConfig, metadata={"help": "Training and held-out data."}
+    )
     sft: SFTConfig = field(default_factory=SFTConfig, metadata={"help": "Supervised warm start."})
-    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "Generation and staleness."})
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig, metadata={"help": "RL algorithm (preset + overrides)."})
+    rollout: RolloutConfig = field(
+        default_factory=RolloutConfig, metadata={"help": "Generation and staleness."}
+    )
+    algorithm: AlgorithmConfig = field(
+        default_factory=AlgorithmConfig, metadata={"help": "RL algorithm (preset + overrides)."}
+    )
     actor: ActorConfig = field(default_factory=ActorConfig, metadata={"help": "Policy learner."})
     critic: CriticConfig = field(default_factory=CriticConfig, metadata={"help": "Value model."})
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "Held-out evaluation."})
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata={"help": "Checkpoints."})
+    checkpoint: CheckpointConfig = field(
+        default_factory=CheckpointConfig, metadata={"help": "Checkpoints."}
+    )
     tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata={"help": "Tracking."})
 
     @property
@@ -252,15 +313,33 @@ def validate(config: Config) -> None:
         value = select(config, key)
         if value not in choices:
             raise ConfigError(f"{key}={value!r} is not one of {list(choices)}")
-    positive = ["rollout.batch_size", "rollout.max_concurrent", "rollout.max_new_tokens",
-                "actor.n_ranks", "actor.micro_batch_tokens", "eval.batch_size",
-                "eval.max_new_tokens", "sft.batch_size", "model.vocab_size", "cluster.n_nodes"]
+    positive = [
+        "rollout.batch_size",
+        "rollout.max_concurrent",
+        "rollout.max_new_tokens",
+        "actor.n_ranks",
+        "actor.micro_batch_tokens",
+        "eval.batch_size",
+        "eval.max_new_tokens",
+        "sft.batch_size",
+        "model.vocab_size",
+        "cluster.n_nodes",
+    ]
     for key in positive:
         if select(config, key) <= 0:
             raise ConfigError(f"{key} must be > 0, got {select(config, key)}")
-    non_negative = ["rollout.max_staleness", "actor.total_steps", "sft.steps", "rollout.top_k",
-                    "eval.every_n_steps", "checkpoint.every_n_steps", "eval.n_problems",
-                    "data.n_train", "data.n_test", "cluster.n_gpus_per_node"]
+    non_negative = [
+        "rollout.max_staleness",
+        "actor.total_steps",
+        "sft.steps",
+        "rollout.top_k",
+        "eval.every_n_steps",
+        "checkpoint.every_n_steps",
+        "eval.n_problems",
+        "data.n_train",
+        "data.n_test",
+        "cluster.n_gpus_per_node",
+    ]
     for key in non_negative:
         if select(config, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {select(config, key)}")
@@ -282,8 +361,14 @@ def validate(config: Config) -> None:
             )
     for key in ("rollout.workflow", "rollout.reward_fn"):
         if ":" not in select(config, key):
-            raise ConfigError(f"{key}={select(config, key)!r} must be an import path 'module:attribute'")
-    if config.rollout.engine != "hf" and not config.rollout.server_addresses and config.cluster.n_gpus_per_node == 0:
+            raise ConfigError(
+                f"{key}={select(config, key)!r} must be an import path 'module:attribute'"
+            )
+    if (
+        config.rollout.engine != "hf"
+        and not config.rollout.server_addresses
+        and config.cluster.n_gpus_per_node == 0
+    ):
         raise ConfigError(
             f"rollout.engine={config.rollout.engine!r} needs GPUs (cluster.n_gpus_per_node > 0) "
             "or running servers in rollout.server_addresses"
@@ -382,7 +467,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
     for item in overrides:
         if "=" not in item or item.startswith("="):
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. rollout.max_staleness=4)")
+            raise ConfigError(
+                f"override {item!r} must look like key=value (e.g. rollout.max_staleness=4)"
+            )
     # `algorithm=NAME` names a preset; kept apart so it cannot clobber `algorithm.*` overrides
     # given before it on the same command line.
     presets = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0] == "algorithm"]
@@ -409,11 +496,15 @@ def _check_keys(layer: dict[str, Any], schema: type, prefix: str, source: str) -
             close = difflib.get_close_matches(str(key), names, n=3, cutoff=0.5)
             valid = [f"{prefix}{name}" for name in (close or names)]
             label = "did you mean" if close else "valid keys here"
-            raise ConfigError(f"unknown config key '{dotted}' (in {source}); {label}: {', '.join(valid)}")
+            raise ConfigError(
+                f"unknown config key '{dotted}' (in {source}); {label}: {', '.join(valid)}"
+            )
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
-                raise ConfigError(f"'{dotted}' (in {source}) is a section; expected a mapping, got {value!r}")
+                raise ConfigError(
+                    f"'{dotted}' (in {source}) is a section; expected a mapping, got {value!r}"
+                )
             _check_keys(value, typing.cast(type, hint), f"{dotted}.", source)
 
 

@@ -86,11 +86,18 @@ def evaluate(
 ) -> EvalResult:
     """Greedy accuracy of ``model`` on ``samples`` (dicts with ``question`` and ``answer``)."""
     if not samples:
-        raise ValueError("evaluate() needs at least one held-out sample (eval.n_problems / data.n_test)")
+        raise ValueError(
+            "evaluate() needs at least one held-out sample (eval.n_problems / data.n_test)"
+        )
     reward = SafeReward(reward_fn)
     prompts = [render_prompt(s["question"], template) for s in samples]
     completions, new_tokens = generate_greedy(
-        model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, on_batch=on_batch
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        on_batch=on_batch,
     )
     scores = [reward(c, s["answer"]) for c, s in zip(completions, samples, strict=True)]
     n = len(scores)

@@ -20,8 +20,12 @@ DEFAULT_ALGORITHMS = ("grpo", "ppo", "dapo")
 
 
 @flow(name="ablation")
-def ablation(config_path: str = "experiments/quickstart.yaml", overrides: list[str] | None = None,
-             algorithms: list[str] | None = None, seeds: int = 1) -> dict[str, Any]:
+def ablation(
+    config_path: str = "experiments/quickstart.yaml",
+    overrides: list[str] | None = None,
+    algorithms: list[str] | None = None,
+    seeds: int = 1,
+) -> dict[str, Any]:
     """Run every algorithm with ``seeds`` seeds; returns the parent run id, table and plot path."""
     overrides = list(overrides or [])
     algorithms = list(algorithms or DEFAULT_ALGORITHMS)
@@ -38,13 +42,29 @@ def ablation(config_path: str = "experiments/quickstart.yaml", overrides: list[s
             for seed in range(base.experiment.seed, base.experiment.seed + seeds):
                 trial = f"{stamp}-{algorithm}-s{seed}"
                 result = experiment.with_options(flow_run_name=trial)(
-                    config_path, [*overrides, f"algorithm={algorithm}", f"experiment.seed={seed}",
-                                  f"experiment.trial={trial}"],
-                    parent_run_id=parent_id, run_name=f"{algorithm}-s{seed}")
-                runs.append({"algorithm": algorithm, "seed": seed, "mlflow_run_id": result["mlflow_run_id"],
-                             "checkpoint_url": result["checkpoint_url"]})
-        records = collect_runs(tracking_uri(base), base.tracking.mlflow_experiment or base.experiment.name,
-                               parent_run_id=parent_id)
+                    config_path,
+                    [
+                        *overrides,
+                        f"algorithm={algorithm}",
+                        f"experiment.seed={seed}",
+                        f"experiment.trial={trial}",
+                    ],
+                    parent_run_id=parent_id,
+                    run_name=f"{algorithm}-s{seed}",
+                )
+                runs.append(
+                    {
+                        "algorithm": algorithm,
+                        "seed": seed,
+                        "mlflow_run_id": result["mlflow_run_id"],
+                        "checkpoint_url": result["checkpoint_url"],
+                    }
+                )
+        records = collect_runs(
+            tracking_uri(base),
+            base.tracking.mlflow_experiment or base.experiment.name,
+            parent_run_id=parent_id,
+        )
         table = comparison_table(records)
         out_url = join(base.cluster.fileroot, base.experiment.name, f"ablation-{stamp}")
         out = local_path(out_url)
@@ -55,9 +75,16 @@ def ablation(config_path: str = "experiments/quickstart.yaml", overrides: list[s
         client = mlflow.MlflowClient()
         client.log_artifact(parent_id, str(plot))
         client.log_artifact(parent_id, str(out / "comparison.md"))
-        create_markdown_artifact(markdown=f"# Ablation {stamp}\n\n{markdown}", key="ablation-comparison")
-        summary = {"mlflow_parent_run_id": parent_id, "runs": runs, "table": table, "plot": str(plot),
-                   "output_dir": out_url}
+        create_markdown_artifact(
+            markdown=f"# Ablation {stamp}\n\n{markdown}", key="ablation-comparison"
+        )
+        summary = {
+            "mlflow_parent_run_id": parent_id,
+            "runs": runs,
+            "table": table,
+            "plot": str(plot),
+            "output_dir": out_url,
+        }
         write_json(join(out_url, "summary.json"), summary)
         upload_dir(out, out_url)  # plots and tables next to the summary (no-op when local)
     return summary

@@ -20,7 +20,9 @@ from core.config import Config, ConfigError, docs_markdown, load_config, to_yaml
 # Before Prefect is imported: no phone-home from the embedded server (this box has no internet).
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-app = typer.Typer(help="Asynchronous RL for LLMs and LLM agents.", no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="Asynchronous RL for LLMs and LLM agents.", no_args_is_help=True, add_completion=False
+)
 config_app = typer.Typer(help="Inspect configs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 engine_app = typer.Typer(help="Inference engines.", no_args_is_help=True)
@@ -29,8 +31,12 @@ app.add_typer(engine_app, name="engine")
 console = Console()
 err_console = Console(stderr=True)
 
-ConfigArg = Annotated[Path, typer.Argument(help="Experiment YAML, e.g. experiments/quickstart.yaml.")]
-OverridesArg = Annotated[list[str] | None, typer.Argument(help="Dotted overrides: rollout.max_staleness=4 ...")]
+ConfigArg = Annotated[
+    Path, typer.Argument(help="Experiment YAML, e.g. experiments/quickstart.yaml.")
+]
+OverridesArg = Annotated[
+    list[str] | None, typer.Argument(help="Dotted overrides: rollout.max_staleness=4 ...")
+]
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -72,7 +78,9 @@ def _stage_progress(progress: Progress) -> Callable[[str, int | None], Callable[
 def run(
     config: ConfigArg,
     overrides: OverridesArg = None,
-    plain: Annotated[bool, typer.Option("--plain", help="Bare core loop: no Prefect flow, no MLflow.")] = False,
+    plain: Annotated[
+        bool, typer.Option("--plain", help="Bare core loop: no Prefect flow, no MLflow.")
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run an experiment end to end (as a Prefect flow tracked in MLflow) and print accuracy before/after."""
@@ -90,12 +98,19 @@ def run(
             from tasks.hooks import set_progress
 
             set_progress(_stage_progress(progress))
-            summary = experiment(str(config), [*(overrides or []), f"experiment.trial={trial}"])["summary"]
+            summary = experiment(str(config), [*(overrides or []), f"experiment.trial={trial}"])[
+                "summary"
+            ]
     _print_summary(summary)
 
 
 def _progress() -> Progress:
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    ]
     return Progress(*columns, console=err_console, transient=False)
 
 
@@ -112,19 +127,26 @@ def _print_summary(summary: dict[str, Any]) -> None:
     table.add_row("accuracy after RL", fmt(summary.get("accuracy_after")))
     evals = summary.get("evals") or []
     if evals:
-        table.add_row("answer-only share before → after",
-                      f"{evals[0]['direct_share']:.2f} → {evals[-1]['direct_share']:.2f}")
+        table.add_row(
+            "answer-only share before → after",
+            f"{evals[0]['direct_share']:.2f} → {evals[-1]['direct_share']:.2f}",
+        )
     table.add_row("RL steps", str(summary["steps"]))
     if "samples_per_s" in summary:
         table.add_row("samples/s (RL)", fmt(summary["samples_per_s"], ".1f"))
         table.add_row("learner busy fraction", fmt(summary["learner_busy_fraction"], ".2f"))
-        table.add_row("staleness mean / max", f"{summary['mean_staleness']:.2f} / {summary['max_staleness_seen']}")
+        table.add_row(
+            "staleness mean / max",
+            f"{summary['mean_staleness']:.2f} / {summary['max_staleness_seen']}",
+        )
     table.add_row("wall time", f"{summary['wall_seconds']:.1f} s")
     console.print(table)
     console.print(f"run folder: {summary['run_dir']}  (summary.json, metrics.jsonl, config.yaml)")
     if summary.get("mlflow_run_id"):
-        console.print(f"MLflow run: {summary['mlflow_run_id']}  "
-                      f"(mlflow ui --backend-store-uri {summary.get('mlflow_tracking_uri', '...')})")
+        console.print(
+            f"MLflow run: {summary['mlflow_run_id']}  "
+            f"(mlflow ui --backend-store-uri {summary.get('mlflow_tracking_uri', '...')})"
+        )
     if summary.get("checkpoint_url"):
         console.print(f"checkpoints: {summary['checkpoint_url']}")
 
@@ -133,7 +155,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
 def ablate(
     config: ConfigArg,
     overrides: OverridesArg = None,
-    algos: Annotated[str, typer.Option(help="Comma-separated algorithm presets.")] = "grpo,ppo,dapo",
+    algos: Annotated[
+        str, typer.Option(help="Comma-separated algorithm presets.")
+    ] = "grpo,ppo,dapo",
     seeds: Annotated[int, typer.Option(help="Seeds per algorithm.")] = 1,
 ) -> None:
     """Algorithms × seeds under one MLflow parent run, then the comparison table and plot."""
@@ -157,7 +181,9 @@ def sweep(
     space: Annotated[Path, typer.Option(help="Search space YAML (see experiments/sweeps/).")],
     overrides: OverridesArg = None,
     trials: Annotated[int, typer.Option(help="Number of Optuna trials.")] = 8,
-    storage: Annotated[str | None, typer.Option(help="Optuna storage URL; default sqlite under fileroot.")] = None,
+    storage: Annotated[
+        str | None, typer.Option(help="Optuna storage URL; default sqlite under fileroot.")
+    ] = None,
 ) -> None:
     """An Optuna study over the search space; each trial an MLflow child run."""
     _load(config, overrides)
@@ -176,9 +202,13 @@ def sweep(
 
 @app.command()
 def deploy(
-    config: Annotated[str, typer.Option(help="Default config_path parameter.")] = "experiments/quickstart.yaml",
+    config: Annotated[
+        str, typer.Option(help="Default config_path parameter.")
+    ] = "experiments/quickstart.yaml",
     cron: Annotated[str, typer.Option(help="Schedule of the nightly ablation.")] = "0 2 * * *",
-    algos: Annotated[str, typer.Option(help="Algorithms of the nightly ablation.")] = "grpo,ppo,dapo",
+    algos: Annotated[
+        str, typer.Option(help="Algorithms of the nightly ablation.")
+    ] = "grpo,ppo,dapo",
     seeds: Annotated[int, typer.Option(help="Seeds per algorithm in the nightly ablation.")] = 1,
     overrides: OverridesArg = None,
 ) -> None:
@@ -187,14 +217,23 @@ def deploy(
     _setup_logging(False)
     from flows.deploy import serve_deployments
 
-    serve_deployments(config, list(overrides or []), cron, [a.strip() for a in algos.split(",")], seeds)
+    serve_deployments(
+        config, list(overrides or []), cron, [a.strip() for a in algos.split(",")], seeds
+    )
 
 
 @app.command()
 def compare(
-    experiment: Annotated[str, typer.Option("--experiment", help="MLflow experiment name.")] = "quickstart",
-    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI; default the embedded store under --fileroot.")] = None,
-    fileroot: Annotated[str, typer.Option(help="fileroot of the runs (for the embedded store).")] = "runs",
+    experiment: Annotated[
+        str, typer.Option("--experiment", help="MLflow experiment name.")
+    ] = "quickstart",
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(help="MLflow tracking URI; default the embedded store under --fileroot."),
+    ] = None,
+    fileroot: Annotated[
+        str, typer.Option(help="fileroot of the runs (for the embedded store).")
+    ] = "runs",
     algos: Annotated[str, typer.Option(help="Algorithms to compare.")] = "grpo,ppo,dapo",
     out: Annotated[Path, typer.Option(help="Where to write the plot.")] = Path("runs/compare.png"),
 ) -> None:
@@ -212,7 +251,12 @@ def compare(
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def bench(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Script in experiments/benchmarks/, e.g. async_vs_sync.")]) -> None:
+def bench(
+    ctx: typer.Context,
+    name: Annotated[
+        str, typer.Argument(help="Script in experiments/benchmarks/, e.g. async_vs_sync.")
+    ],
+) -> None:
     """Run a benchmark script (extra arguments are passed to it): prints a table, saves JSON and a plot."""
     import runpy
     import sys
@@ -229,7 +273,9 @@ def bench(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Script i
     runpy.run_path(str(script), run_name="__main__")
 
 
-stack_app = typer.Typer(help="Local services: Prefect server, MLflow server, S3 endpoint.", no_args_is_help=True)
+stack_app = typer.Typer(
+    help="Local services: Prefect server, MLflow server, S3 endpoint.", no_args_is_help=True
+)
 app.add_typer(stack_app, name="stack")
 StateDir = Annotated[Path, typer.Option(help="Folder for PIDs, logs and state.")]
 
@@ -284,12 +330,22 @@ def engine_serve(
 ) -> None:
     """Serve a model with our engine behind SGLang's HTTP API (/generate, /update_weights_from_disk, ...)."""
     if not (model / "config.json").is_file():
-        err_console.print(f"[bold red]error:[/] --model {model} is not a Hugging Face model folder (no config.json)")
+        err_console.print(
+            f"[bold red]error:[/] --model {model} is not a Hugging Face model folder (no config.json)"
+        )
         raise typer.Exit(code=2)
     _setup_logging(False)
     from core.inference.server import serve
 
-    serve(model, host, port, dtype=dtype, max_batch_size=max_batch_size, torch_threads=torch_threads, seed=seed)
+    serve(
+        model,
+        host,
+        port,
+        dtype=dtype,
+        max_batch_size=max_batch_size,
+        torch_threads=torch_threads,
+        seed=seed,
+    )
 
 
 if __name__ == "__main__":

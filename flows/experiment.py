@@ -30,18 +30,27 @@ from tasks.tracking import MLflowSink, log_summary, start_run, tracking_uri
 
 def summary_markdown(summary: dict[str, Any], run_id: str) -> str:
     """The summary table shown in Prefect (and close to what the CLI prints)."""
+
     def fmt(value: Any) -> str:
         return "—" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
     rows = [
-        ("algorithm", summary["algorithm"]), ("staleness bound η", summary["max_staleness"]),
+        ("algorithm", summary["algorithm"]),
+        ("staleness bound η", summary["max_staleness"]),
         ("held-out problems", summary["data"]["n_test"]),
-        ("accuracy before RL", summary.get("accuracy_before")), ("accuracy after RL", summary.get("accuracy_after")),
-        ("RL steps", summary.get("steps")), ("samples/s", summary.get("samples_per_s")),
+        ("accuracy before RL", summary.get("accuracy_before")),
+        ("accuracy after RL", summary.get("accuracy_after")),
+        ("RL steps", summary.get("steps")),
+        ("samples/s", summary.get("samples_per_s")),
         ("learner busy fraction", summary.get("learner_busy_fraction")),
-        ("mean / max staleness", f"{fmt(summary.get('mean_staleness'))} / {fmt(summary.get('max_staleness_seen'))}"),
-        ("wall seconds", summary.get("wall_seconds")), ("MLflow run", run_id),
-        ("checkpoints", summary.get("checkpoint_url")), ("run folder", summary["run_dir"]),
+        (
+            "mean / max staleness",
+            f"{fmt(summary.get('mean_staleness'))} / {fmt(summary.get('max_staleness_seen'))}",
+        ),
+        ("wall seconds", summary.get("wall_seconds")),
+        ("MLflow run", run_id),
+        ("checkpoints", summary.get("checkpoint_url")),
+        ("run folder", summary["run_dir"]),
     ]
     lines = [f"# {summary['experiment']} / {summary['trial']}", "", "| | |", "|---|---|"]
     lines += [f"| {name} | {fmt(value)} |" for name, value in rows]
@@ -49,8 +58,12 @@ def summary_markdown(summary: dict[str, Any], run_id: str) -> str:
 
 
 @flow(name="experiment")
-def experiment(config_path: str = "experiments/quickstart.yaml", overrides: list[str] | None = None,
-               parent_run_id: str | None = None, run_name: str | None = None) -> dict[str, Any]:
+def experiment(
+    config_path: str = "experiments/quickstart.yaml",
+    overrides: list[str] | None = None,
+    parent_run_id: str | None = None,
+    run_name: str | None = None,
+) -> dict[str, Any]:
     """Run one experiment; returns the MLflow run id, the checkpoint URL and the summary."""
     try:
         config = load_config(config_path, list(overrides or []))
@@ -61,11 +74,20 @@ def experiment(config_path: str = "experiments/quickstart.yaml", overrides: list
     started = time.perf_counter()
     timings: dict[str, float] = {}
     write_text(join(config.run_dir, "config.yaml"), to_yaml(config))
-    with start_run(config, run_name=run_name or f"{config.algorithm.name}-{config.experiment.trial}",
-                   parent_run_id=parent_run_id) as run:
+    with start_run(
+        config,
+        run_name=run_name or f"{config.algorithm.name}-{config.experiment.trial}",
+        parent_run_id=parent_run_id,
+    ) as run:
         run_id = run.info.run_id
         memory = MemorySink()
-        sink = FanOut([memory, MLflowSink(run_id), JsonlSink(local_path(join(config.run_dir, "metrics.jsonl")))])
+        sink = FanOut(
+            [
+                memory,
+                MLflowSink(run_id),
+                JsonlSink(local_path(join(config.run_dir, "metrics.jsonl"))),
+            ]
+        )
 
         t = time.perf_counter()
         data = prepare_data_task(config)
@@ -83,11 +105,30 @@ def experiment(config_path: str = "experiments/quickstart.yaml", overrides: list
             evaluation = evaluate_task(config, model_dir, data)
         timings["rl_s" if rl else "eval_s"] = time.perf_counter() - t
         sft_loss = memory.series("sft/loss")
-        ids = {"mlflow_run_id": run_id, "mlflow_tracking_uri": tracking_uri(config),
-               "prefect_flow_run_id": str(flow_run.id or "")}
-        summary = report_task(config, data, model_dir, rl, evaluation, timings, started,
-                              sft_loss[-1][1] if sft_loss else None, ids)
+        ids = {
+            "mlflow_run_id": run_id,
+            "mlflow_tracking_uri": tracking_uri(config),
+            "prefect_flow_run_id": str(flow_run.id or ""),
+        }
+        summary = report_task(
+            config,
+            data,
+            model_dir,
+            rl,
+            evaluation,
+            timings,
+            started,
+            sft_loss[-1][1] if sft_loss else None,
+            ids,
+        )
         log_summary(run_id, summary)
-        create_markdown_artifact(markdown=summary_markdown(summary, run_id), key="experiment-summary",
-                                 description=f"{config.experiment.name}/{config.experiment.trial}")
-    return {"mlflow_run_id": run_id, "checkpoint_url": summary.get("checkpoint_url"), "summary": summary}
+        create_markdown_artifact(
+            markdown=summary_markdown(summary, run_id),
+            key="experiment-summary",
+            description=f"{config.experiment.name}/{config.experiment.trial}",
+        )
+    return {
+        "mlflow_run_id": run_id,
+        "checkpoint_url": summary.get("checkpoint_url"),
+        "summary": summary,
+    }

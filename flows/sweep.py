@@ -53,9 +53,13 @@ class SearchSpace:
             if kind == "categorical":
                 values[key] = trial.suggest_categorical(key, list(spec["choices"]))
             elif kind == "float":
-                values[key] = trial.suggest_float(key, spec["low"], spec["high"], log=bool(spec.get("log", False)))
+                values[key] = trial.suggest_float(
+                    key, spec["low"], spec["high"], log=bool(spec.get("log", False))
+                )
             else:
-                values[key] = trial.suggest_int(key, spec["low"], spec["high"], step=int(spec.get("step", 1)))
+                values[key] = trial.suggest_int(
+                    key, spec["low"], spec["high"], step=int(spec.get("step", 1))
+                )
         return values
 
 
@@ -67,8 +71,11 @@ def load_space(path: str | Path, config_path: str, overrides: list[str]) -> Sear
     raw = OmegaConf.to_container(OmegaConf.load(path))
     if not isinstance(raw, dict) or not isinstance(raw.get("params"), dict) or not raw["params"]:
         raise ValueError(f"{path}: needs a non-empty 'params' mapping of config keys to specs")
-    space = SearchSpace(params=raw["params"], objective=raw.get("objective", "accuracy"),
-                        direction=raw.get("direction", "maximize"))
+    space = SearchSpace(
+        params=raw["params"],
+        objective=raw.get("objective", "accuracy"),
+        direction=raw.get("direction", "maximize"),
+    )
     if space.objective not in OBJECTIVES:
         raise ValueError(f"{path}: objective={space.objective!r} is not one of {list(OBJECTIVES)}")
     if space.direction not in ("maximize", "minimize"):
@@ -85,15 +92,24 @@ def load_space(path: str | Path, config_path: str, overrides: list[str]) -> Sear
 
 
 def default_storage(fileroot: str, experiment_name: str) -> str:
-    root = local_path(join(fileroot, experiment_name)) if not is_local(fileroot) else Path(fileroot) / experiment_name
+    root = (
+        local_path(join(fileroot, experiment_name))
+        if not is_local(fileroot)
+        else Path(fileroot) / experiment_name
+    )
     root.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{root.resolve() / 'optuna.db'}"
 
 
 @flow(name="sweep")
-def sweep(config_path: str = "experiments/quickstart.yaml", space_path: str = "experiments/sweeps/staleness.yaml",
-          overrides: list[str] | None = None, n_trials: int = 8, storage: str | None = None,
-          study_name: str | None = None) -> dict[str, Any]:
+def sweep(
+    config_path: str = "experiments/quickstart.yaml",
+    space_path: str = "experiments/sweeps/staleness.yaml",
+    overrides: list[str] | None = None,
+    n_trials: int = 8,
+    storage: str | None = None,
+    study_name: str | None = None,
+) -> dict[str, Any]:
     """Run ``n_trials`` trials; returns the study name, storage, best parameters and value."""
     overrides = list(overrides or [])
     base = load_config(config_path, overrides)
@@ -102,12 +118,17 @@ def sweep(config_path: str = "experiments/quickstart.yaml", space_path: str = "e
     study_name = study_name or f"{base.experiment.name}-sweep-{stamp}"
     storage = storage or default_storage(base.cluster.fileroot, base.experiment.name)
     study = optuna.create_study(
-        study_name=study_name, storage=storage, direction=space.direction, load_if_exists=True,
+        study_name=study_name,
+        storage=storage,
+        direction=space.direction,
+        load_if_exists=True,
         sampler=optuna.samplers.TPESampler(seed=base.experiment.seed),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0),
     )
     child_runs: dict[int, str] = {}
-    with start_run(base, run_name=study_name, tags={"kind": "sweep", "optuna_study": study_name}) as parent:
+    with start_run(
+        base, run_name=study_name, tags={"kind": "sweep", "optuna_study": study_name}
+    ) as parent:
         parent_id = parent.info.run_id
 
         def objective(trial: optuna.Trial) -> float:
@@ -123,24 +144,46 @@ def sweep(config_path: str = "experiments/quickstart.yaml", space_path: str = "e
             set_eval_callback(report)
             try:
                 result = experiment.with_options(flow_run_name=f"{study_name}-{name}")(
-                    config_path, [*overrides, *trial_overrides, f"experiment.trial={stamp}-{name}"],
-                    parent_run_id=parent_id, run_name=name)
+                    config_path,
+                    [*overrides, *trial_overrides, f"experiment.trial={stamp}-{name}"],
+                    parent_run_id=parent_id,
+                    run_name=name,
+                )
             finally:
                 set_eval_callback(None)
             child_runs[trial.number] = result["mlflow_run_id"]
             summary = result["summary"]
-            accuracy = summary["accuracy_after"] if summary.get("accuracy_after") is not None else summary["accuracy_before"]
+            accuracy = (
+                summary["accuracy_after"]
+                if summary.get("accuracy_after") is not None
+                else summary["accuracy_before"]
+            )
             if space.objective == "accuracy_per_second":
                 return accuracy / max(summary["wall_seconds"], 1e-9)
             return accuracy
 
         study.optimize(objective, n_trials=n_trials, catch=())
-        _tag_trials(study, child_runs, parent_id, base.tracking.mlflow_experiment or base.experiment.name)
+        _tag_trials(
+            study, child_runs, parent_id, base.tracking.mlflow_experiment or base.experiment.name
+        )
         completed = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-        best = {"params": study.best_params, "value": study.best_value, "number": study.best_trial.number} if completed else None
-        result = {"study_name": study_name, "storage": storage, "n_trials": len(study.trials),
-                  "states": {t.number: t.state.name for t in study.trials}, "best": best,
-                  "mlflow_parent_run_id": parent_id}
+        best = (
+            {
+                "params": study.best_params,
+                "value": study.best_value,
+                "number": study.best_trial.number,
+            }
+            if completed
+            else None
+        )
+        result = {
+            "study_name": study_name,
+            "storage": storage,
+            "n_trials": len(study.trials),
+            "states": {t.number: t.state.name for t in study.trials},
+            "best": best,
+            "mlflow_parent_run_id": parent_id,
+        }
         if best:
             mlflow.MlflowClient().log_dict(parent_id, best, "best_params.json")
         write_json(join(base.cluster.fileroot, base.experiment.name, f"{study_name}.json"), result)
@@ -148,11 +191,19 @@ def sweep(config_path: str = "experiments/quickstart.yaml", space_path: str = "e
     return result
 
 
-def _tag_trials(study: optuna.Study, child_runs: dict[int, str], parent_id: str, experiment_name: str) -> None:
+def _tag_trials(
+    study: optuna.Study, child_runs: dict[int, str], parent_id: str, experiment_name: str
+) -> None:
     """Mark each trial's MLflow child run with its Optuna state (pruned runs raise, so find them by name)."""
     client = mlflow.MlflowClient()
     exp = client.get_experiment_by_name(experiment_name)
-    children = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'") if exp else []
+    children = (
+        client.search_runs(
+            [exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'"
+        )
+        if exp
+        else []
+    )
     by_name = {run.info.run_name: run.info.run_id for run in children}
     for trial in study.trials:
         run_id = child_runs.get(trial.number) or by_name.get(f"trial-{trial.number}")
@@ -162,7 +213,12 @@ def _tag_trials(study: optuna.Study, child_runs: dict[int, str], parent_id: str,
 
 
 def _markdown(study: optuna.Study, best: dict[str, Any] | None) -> str:
-    lines = [f"# Sweep {study.study_name}", "", "| trial | state | value | params |", "|---|---|---|---|"]
+    lines = [
+        f"# Sweep {study.study_name}",
+        "",
+        "| trial | state | value | params |",
+        "|---|---|---|---|",
+    ]
     for t in study.trials:
         value = "—" if t.value is None else f"{t.value:.4f}"
         lines.append(f"| {t.number} | {t.state.name} | {value} | {t.params} |")

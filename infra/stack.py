@@ -111,7 +111,9 @@ class StackInfo:
 def _executable(name: str) -> str:
     path = Path(sys.executable).parent / name
     if not path.exists():
-        raise StackError(f"{name} is not installed next to {sys.executable} (run infra/setup_env.sh)")
+        raise StackError(
+            f"{name} is not installed next to {sys.executable} (run infra/setup_env.sh)"
+        )
     return str(path)
 
 
@@ -190,13 +192,19 @@ def _wait_healthy(services: list[Service], timeout_s: float) -> None:
     while pending:
         for name, service in list(pending.items()):
             if not _group_alive(service.pid):
-                raise StackError(f"{name} exited during start-up; log {service.log}:\n{_tail(service.log)}")
+                raise StackError(
+                    f"{name} exited during start-up; log {service.log}:\n{_tail(service.log)}"
+                )
             if _healthy(name, service.url):
                 logger.info("%s healthy at %s", name, service.url)
                 del pending[name]
         if pending and time.monotonic() > deadline:
-            details = "\n".join(f"--- {s.name} ({s.log}):\n{_tail(s.log)}" for s in pending.values())
-            raise StackError(f"not healthy within {timeout_s:.0f}s: {', '.join(pending)}\n{details}")
+            details = "\n".join(
+                f"--- {s.name} ({s.log}):\n{_tail(s.log)}" for s in pending.values()
+            )
+            raise StackError(
+                f"not healthy within {timeout_s:.0f}s: {', '.join(pending)}\n{details}"
+            )
         if pending:
             time.sleep(0.5)
 
@@ -275,7 +283,10 @@ def stack_up(
     for folder in (logs, state_dir / "prefect", state_dir / "mlflow"):
         folder.mkdir(parents=True, exist_ok=True)
     s3_url = f"http://{HOST}:{s3_port}"
-    base_env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    base_env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     # Clients' settings in our own env must not leak into the servers (e.g. a PREFECT_API_URL
     # pointing at another server, or real AWS credentials next to the fake endpoint).
     for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "AWS_PROFILE", "AWS_SESSION_TOKEN"):

@@ -173,7 +173,9 @@ def comparison_table(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"algorithm": algorithm, "n_runs": len(group),
                                "seeds": sorted(r.seed for r in group if r.seed is not None)}  # fmt: skip
         for column, _, _ in COLUMNS:
-            values = [v for r in group if (v := getattr(r, column)) is not None and math.isfinite(v)]
+            values = [
+                v for r in group if (v := getattr(r, column)) is not None and math.isfinite(v)
+            ]
             row[column], row[f"{column}_std"] = _mean_std(values)
         table.append(row)
     return table
@@ -182,7 +184,10 @@ def comparison_table(records: Sequence[RunRecord]) -> list[dict[str, Any]]:
 def render_markdown(table: Sequence[dict[str, Any]]) -> str:
     """A GitHub-flavoured markdown table: ``mean ± std`` over seeds, ``–`` where missing."""
     headers = ["algorithm", "runs", *[header for _, header, _ in COLUMNS]]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|",
+    ]
     for row in table:
         cells = [str(row["algorithm"]), str(row["n_runs"])]
         for column, _, fmt in COLUMNS:
@@ -221,7 +226,10 @@ def plot_curves(records: Sequence[RunRecord], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig = Figure(figsize=(11, 4.2), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
-    panels = [("accuracy_curve", "held-out accuracy", ACCURACY_CURVE), ("reward_curve", "mean reward", REWARD_CURVE)]
+    panels = [
+        ("accuracy_curve", "held-out accuracy", ACCURACY_CURVE),
+        ("reward_curve", "mean reward", REWARD_CURVE),
+    ]
     groups: dict[str, list[RunRecord]] = {}
     for record in records:
         groups.setdefault(record.algorithm, []).append(record)
@@ -232,8 +240,14 @@ def plot_curves(records: Sequence[RunRecord], path: str | Path) -> Path:
                 continue
             steps, means, stds = _mean_curve(curves)
             color = f"C{index % 10}"
-            ax.plot(steps, means, color=color, marker="o" if len(steps) < 20 else None, markersize=3,
-                    label=f"{algorithm} (n={len(curves)})")
+            ax.plot(
+                steps,
+                means,
+                color=color,
+                marker="o" if len(steps) < 20 else None,
+                markersize=3,
+                label=f"{algorithm} (n={len(curves)})",
+            )
             if len(curves) > 1:
                 lower = [m - s for m, s in zip(means, stds, strict=True)]
                 upper = [m + s for m, s in zip(means, stds, strict=True)]

@@ -37,7 +37,9 @@ class DataRef:
     cached: bool
 
     def load(self) -> PreparedData:
-        return PreparedData(read_jsonl(self.train_url), read_jsonl(self.test_url), self.train_url, self.test_url)
+        return PreparedData(
+            read_jsonl(self.train_url), read_jsonl(self.test_url), self.train_url, self.test_url
+        )
 
 
 def data_cache_key(config: Config) -> str:
@@ -73,8 +75,15 @@ def sft_task(config: Config, model_dir: str, data: DataRef, sink: MetricSink) ->
 def rl_task(config: Config, model_dir: str, data: DataRef, sink: MetricSink) -> dict[str, Any]:
     """Async RL; resumable (checkpoint.recover=auto), so a failed run is re-run, not retried."""
     prepared = data.load()
-    trainer = Trainer(config, model_dir, prepared.train, prepared.test, sink,
-                      on_step=progress_for("RL", config.actor.total_steps), on_eval=eval_callback())
+    trainer = Trainer(
+        config,
+        model_dir,
+        prepared.train,
+        prepared.test,
+        sink,
+        on_step=progress_for("RL", config.actor.total_steps),
+        on_eval=eval_callback(),
+    )
     return asdict(trainer.run())
 
 
@@ -82,22 +91,37 @@ def rl_task(config: Config, model_dir: str, data: DataRef, sink: MetricSink) -> 
 def evaluate_task(config: Config, model_dir: str, data: DataRef) -> dict[str, Any]:
     test = data.load().test
     n = min(config.eval.n_problems or len(test), len(test))
-    return evaluate_model(config, Path(model_dir), test, on_batch=progress_for("evaluate", n)).to_dict()
+    return evaluate_model(
+        config, Path(model_dir), test, on_batch=progress_for("evaluate", n)
+    ).to_dict()
 
 
 @task(name="report", cache_policy=NONE)
-def report_task(config: Config, data: DataRef, model_dir: str, rl: dict[str, Any] | None,
-                evaluation: dict[str, Any] | None, timings: dict[str, float], started: float,
-                sft_final_loss: float | None, ids: dict[str, str]) -> dict[str, Any]:
+def report_task(
+    config: Config,
+    data: DataRef,
+    model_dir: str,
+    rl: dict[str, Any] | None,
+    evaluation: dict[str, Any] | None,
+    timings: dict[str, float],
+    started: float,
+    sft_final_loss: float | None,
+    ids: dict[str, str],
+) -> dict[str, Any]:
     """summary.json next to the run (the same summary the plain core job writes)."""
     from core.evaluation import EvalResult
     from core.runtime.trainer import RLResult
 
-    summary = summarize(config, data.load(), model_dir,
-                        rl=RLResult(**rl) if rl is not None else None,
-                        eval_result=EvalResult(**evaluation) if evaluation is not None else None,
-                        timings=timings, wall_seconds=time.perf_counter() - started,
-                        sft_final_loss=sft_final_loss)
+    summary = summarize(
+        config,
+        data.load(),
+        model_dir,
+        rl=RLResult(**rl) if rl is not None else None,
+        eval_result=EvalResult(**evaluation) if evaluation is not None else None,
+        timings=timings,
+        wall_seconds=time.perf_counter() - started,
+        sft_final_loss=sft_final_loss,
+    )
     summary.update(ids)
     finish_run_files(config, summary)
     return summary

@@ -176,7 +176,9 @@ def ensure_experiment(config: Config) -> str:
         if existing is None:
             raise
         return existing.experiment_id
-    logger.info("created MLflow experiment %r (artifacts: %s) in %s", name, location, redact_value(uri))
+    logger.info(
+        "created MLflow experiment %r (artifacts: %s) in %s", name, location, redact_value(uri)
+    )
     return experiment_id
 
 
@@ -233,7 +235,10 @@ def run_tags(config: Config, extra: Mapping[str, Any] | None = None) -> dict[str
 
 def log_params(client: MlflowClient, run_id: str, params: Mapping[str, Any]) -> None:
     """Redacted, truncated params, 100 per ``log_batch`` call (MLflow's batch limit)."""
-    clean = [Param(sanitize_key(k), _truncate(str(v), MAX_PARAM_CHARS)) for k, v in redact(params).items()]
+    clean = [
+        Param(sanitize_key(k), _truncate(str(v), MAX_PARAM_CHARS))
+        for k, v in redact(params).items()
+    ]
     for i in range(0, len(clean), BATCH_PARAMS):
         client.log_batch(run_id, params=clean[i : i + BATCH_PARAMS])
 
@@ -265,7 +270,9 @@ def start_run(
         log_params(client, run_id, {**flatten(config), **(params or {})})
         config_yaml = OmegaConf.to_yaml(OmegaConf.create(redact(to_dict(config))))
         client.log_text(run_id, config_yaml, "config.yaml")
-        logger.info("MLflow run %s (%s) in %s", run_id, run_name or run.info.run_name, redact_value(uri))
+        logger.info(
+            "MLflow run %s (%s) in %s", run_id, run_name or run.info.run_name, redact_value(uri)
+        )
         yield run
 
 
@@ -340,7 +347,9 @@ def log_summary(
     """
     client = MlflowClient(tracking_uri=tracking_uri or mlflow.get_tracking_uri())
     clean = redact(summary)
-    client.log_text(run_id, json.dumps(clean, indent=2, sort_keys=True, default=str) + "\n", "summary.json")
+    client.log_text(
+        run_id, json.dumps(clean, indent=2, sort_keys=True, default=str) + "\n", "summary.json"
+    )
     now = int(time.time() * 1000)
     metrics = [
         Metric(sanitize_key(f"final/{k}"), float(v), now, 0)
@@ -356,7 +365,9 @@ def log_summary(
     if model_url:
         tags["model_url"] = str(model_url)
     if tags:
-        client.log_batch(run_id, tags=[RunTag(k, _truncate(v, MAX_TAG_CHARS)) for k, v in tags.items()])
+        client.log_batch(
+            run_id, tags=[RunTag(k, _truncate(v, MAX_TAG_CHARS)) for k, v in tags.items()]
+        )
     model_dir = summary.get("final_model_dir")
     if model_dir and is_local(str(model_dir)):
         folder = Path(str(model_dir).removeprefix("file://"))
@@ -365,4 +376,8 @@ def log_summary(
             if size <= max_model_bytes:
                 client.log_artifacts(run_id, str(folder), "model")
             else:
-                logger.info("model folder %s is over %d bytes: logged as a URL only", folder, max_model_bytes)
+                logger.info(
+                    "model folder %s is over %d bytes: logged as a URL only",
+                    folder,
+                    max_model_bytes,
+                )

@@ -51,7 +51,9 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of a moto S3 server (``http://127.0.0.1:<port>``), stopped at session end."""
     moto = Path(sys.executable).parent / "moto_server"
     if not moto.exists():
-        raise RuntimeError(f"moto_server not installed next to {sys.executable}: run infra/setup_env.sh")
+        raise RuntimeError(
+            f"moto_server not installed next to {sys.executable}: run infra/setup_env.sh"
+        )
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path_factory.mktemp("moto") / "moto_server.log"

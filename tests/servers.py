@@ -9,8 +9,14 @@ from collections.abc import Callable
 import httpx
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, output: Callable[[], str], *,
-                 timeout_s: float = 120.0, interval_s: float = 0.3) -> None:
+def wait_healthy(
+    url: str,
+    proc: subprocess.Popen,
+    output: Callable[[], str],
+    *,
+    timeout_s: float = 120.0,
+    interval_s: float = 0.3,
+) -> None:
     """Poll ``url`` until it answers 200; fail with the server's ``output()`` if it exits."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -91,7 +91,9 @@ class InferenceEngine(Protocol):
         ...
 
 
-async def generate_resuming(engine: InferenceEngine, request: GenerationRequest) -> GenerationResponse:
+async def generate_resuming(
+    engine: InferenceEngine, request: GenerationRequest
+) -> GenerationResponse:
     """Generate to completion across weight updates.
 
     On ``abort`` the partial output is kept with its own versions, and prompt + partial output is
@@ -104,8 +106,12 @@ async def generate_resuming(engine: InferenceEngine, request: GenerationRequest)
     budget = request.sampling.max_new_tokens
     n_resumes = 0
     while True:
-        sampling = SamplingParams(**{**request.sampling.__dict__, "max_new_tokens": budget - len(output)})
-        part = await engine.agenerate(GenerationRequest(request.input_ids + output, sampling, request.rid))
+        sampling = SamplingParams(
+            **{**request.sampling.__dict__, "max_new_tokens": budget - len(output)}
+        )
+        part = await engine.agenerate(
+            GenerationRequest(request.input_ids + output, sampling, request.rid)
+        )
         output += part.output_ids
         logprobs += part.logprobs
         versions += part.versions

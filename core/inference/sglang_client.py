@@ -70,7 +70,9 @@ def parse_generate_response(data: dict[str, Any], fallback_version: int) -> Gene
 class SGLangClient(HTTPEngineClient):
     """:class:`~core.inference.api.InferenceEngine` over one or more SGLang-API servers."""
 
-    def __init__(self, addresses: list[str], *, abort_on_update: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self, addresses: list[str], *, abort_on_update: bool = True, **kwargs: Any
+    ) -> None:
         """``kwargs``: :class:`HTTPEngineClient`'s (timeout_s, max_retries, retry_backoff_s, version)."""
         super().__init__(addresses, **kwargs)
         self.abort_on_update = abort_on_update

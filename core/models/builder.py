@@ -85,7 +85,9 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     folder = Path(path)
     if folder.is_dir() and not any((folder / name).exists() for name in TOKENIZER_FILES):
         # transformers 5 silently builds an *empty* tokenizer from config.json alone.
-        raise FileNotFoundError(f"no tokenizer files in {folder} (looked for {', '.join(TOKENIZER_FILES)})")
+        raise FileNotFoundError(
+            f"no tokenizer files in {folder} (looked for {', '.join(TOKENIZER_FILES)})"
+        )
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:

@@ -44,7 +44,9 @@ class ToolAgentWorkflow:
         max_turns: int = 4,
     ) -> None:
         self.tokenizer = tokenizer
-        self.reward = SafeReward(resolve_reward(reward_fn) if isinstance(reward_fn, str) else reward_fn)
+        self.reward = SafeReward(
+            resolve_reward(reward_fn) if isinstance(reward_fn, str) else reward_fn
+        )
         self.toolbox = toolbox
         self.template = template
         self.max_turns = max_turns
@@ -63,13 +65,26 @@ class ToolAgentWorkflow:
         r = config.rollout
         toolbox = ToolBox(SandboxLimits(wall_time_s=r.tool_timeout_s), latency_s=r.tool_latency_s)
         sampling = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k)
-        return cls(tokenizer, r.reward_fn, sampling, toolbox=toolbox, template=config.data.template,
-                   max_turns=r.max_turns)
+        return cls(
+            tokenizer,
+            r.reward_fn,
+            sampling,
+            toolbox=toolbox,
+            template=config.data.template,
+            max_turns=r.max_turns,
+        )
 
     async def run_episode(self, engine: InferenceEngine, sample: dict[str, Any]) -> Trajectory:
         started = time.monotonic()
-        prompt = self.tokenizer(render_prompt(sample["question"], self.template), add_special_tokens=False)["input_ids"]
-        ids, mask, logprobs, versions = list(prompt), [0] * len(prompt), [0.0] * len(prompt), [-1] * len(prompt)
+        prompt = self.tokenizer(
+            render_prompt(sample["question"], self.template), add_special_tokens=False
+        )["input_ids"]
+        ids, mask, logprobs, versions = (
+            list(prompt),
+            [0] * len(prompt),
+            [0.0] * len(prompt),
+            [-1] * len(prompt),
+        )
         budget = self.sampling.max_new_tokens
         turns, tool_seconds, n_resumes, stop_reason = 0, 0.0, 0, "length"
         while turns < self.max_turns and budget > 0:
@@ -97,11 +112,18 @@ class ToolAgentWorkflow:
         transcript = self.tokenizer.decode(ids[len(prompt) :], skip_special_tokens=True)
         reward = self.reward(_RESULT.sub("", transcript), sample["answer"])
         return Trajectory(
-            input_ids=ids, loss_mask=mask, logprobs=logprobs, versions=versions, reward=reward,
+            input_ids=ids,
+            loss_mask=mask,
+            logprobs=logprobs,
+            versions=versions,
+            reward=reward,
             prompt_len=len(prompt),
             metadata={
-                "completion": transcript, "turns": turns, "stop_reason": stop_reason,
-                "n_resumes": n_resumes, "tool_seconds": tool_seconds,
+                "completion": transcript,
+                "turns": turns,
+                "stop_reason": stop_reason,
+                "n_resumes": n_resumes,
+                "tool_seconds": tool_seconds,
                 "episode_seconds": time.monotonic() - started,
             },
         )

@@ -33,7 +33,9 @@ class Trajectory:
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
-        assert len(self.loss_mask) == len(self.logprobs) == len(self.versions) == n, "ragged trajectory"
+        assert len(self.loss_mask) == len(self.logprobs) == len(self.versions) == n, (
+            "ragged trajectory"
+        )
 
     @property
     def n_generated(self) -> int:
@@ -74,4 +76,6 @@ class Workflow(Protocol):
 
     sampling: SamplingParams
 
-    async def run_episode(self, engine: InferenceEngine, sample: dict[str, Any]) -> Trajectory | None: ...
+    async def run_episode(
+        self, engine: InferenceEngine, sample: dict[str, Any]
+    ) -> Trajectory | None: ...

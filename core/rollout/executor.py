@@ -56,8 +56,10 @@ class RolloutCounters:
     staleness: Counter = field(default_factory=Counter)  # consumed groups by staleness
 
     def as_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in self.__dict__.items() if k != "staleness"},
-                "staleness": dict(sorted(self.staleness.items()))}
+        return {
+            **{k: v for k, v in self.__dict__.items() if k != "staleness"},
+            "staleness": dict(sorted(self.staleness.items())),
+        }
 
 
 class RolloutExecutor:
@@ -97,7 +99,9 @@ class RolloutExecutor:
         self._paused = False
         self._error: BaseException | None = None
         self._wakeup = asyncio.Event()  # capacity may have opened: the submitter looks again
-        self._changed = asyncio.Event()  # a group finished or the version moved: prepare_batch looks again
+        self._changed = (
+            asyncio.Event()
+        )  # a group finished or the version moved: prepare_batch looks again
         self._submitter: asyncio.Task | None = None
         self._episodes_done = 0
 
@@ -107,7 +111,9 @@ class RolloutExecutor:
         if self._paused:
             return 0
         c = self.counters
-        by_staleness = (self.max_staleness + self.version + 1) * self.batch_size - (c.accepted + c.running)
+        by_staleness = (self.max_staleness + self.version + 1) * self.batch_size - (
+            c.accepted + c.running
+        )
         return max(0, min(self.max_concurrent_groups - c.running, by_staleness))
 
     # ---------------------------------------------------------------- lifecycle
@@ -115,7 +121,9 @@ class RolloutExecutor:
         """Start submitting in the background; ``next_sample()`` draws the next prompt."""
         if self._submitter is not None:
             return
-        self._submitter = asyncio.create_task(self._submit_loop(next_sample), name="rollout-submitter")
+        self._submitter = asyncio.create_task(
+            self._submit_loop(next_sample), name="rollout-submitter"
+        )
 
     async def stop(self) -> None:
         """Cancel the submitter and every in-flight group."""
@@ -173,7 +181,9 @@ class RolloutExecutor:
                 self.counters.consumed += len(batch)
                 return batch
             if self._submitter is None:
-                raise RuntimeError("RolloutExecutor.start(next_sample) must be called before prepare_batch")
+                raise RuntimeError(
+                    "RolloutExecutor.start(next_sample) must be called before prepare_batch"
+                )
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError(f"no full batch within {timeout_s} s: {self.counters.as_dict()}")
@@ -230,8 +240,9 @@ class RolloutExecutor:
         else:
             group = Group(sample_id, list(results), submitted_version=version, sample=sample)  # type: ignore[arg-type]
             for i, trajectory in enumerate(group.trajectories):
-                trajectory.metadata.update(sample_id=sample_id, group_index=i,
-                                           group_seconds=time.monotonic() - started)
+                trajectory.metadata.update(
+                    sample_id=sample_id, group_index=i, group_seconds=time.monotonic() - started
+                )
             if self.group_filter is not None and not self.group_filter(group):
                 self.counters.rejected += 1
             else:
@@ -252,7 +263,11 @@ class RolloutExecutor:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._error
-        if self._submitter is not None and self._submitter.done() and not self._submitter.cancelled():
+        if (
+            self._submitter is not None
+            and self._submitter.done()
+            and not self._submitter.cancelled()
+        ):
             exc = self._submitter.exception()
             if exc is not None:  # e.g. the data source raised
                 raise RolloutError(f"rollout submission stopped: {exc!r}") from exc

@@ -26,7 +26,9 @@ class RLVRWorkflow:
         template: str = "plain",
     ) -> None:
         self.tokenizer = tokenizer
-        self.reward = SafeReward(resolve_reward(reward_fn) if isinstance(reward_fn, str) else reward_fn)
+        self.reward = SafeReward(
+            resolve_reward(reward_fn) if isinstance(reward_fn, str) else reward_fn
+        )
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         stops = list(dict.fromkeys([*sampling.stop_token_ids, *eos]))
         self.sampling = dataclasses.replace(sampling, stop_token_ids=stops)

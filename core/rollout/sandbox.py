@@ -60,11 +60,20 @@ _PYTHON_FLAGS = ("-I", "-S", "-B", "-u", "-X", "utf8")
 class SandboxLimits:
     """Resource limits for one ``run_python`` call."""
 
-    wall_time_s: float = field(default=5.0, metadata={"help": "Wall-clock limit; the process group is killed when it expires."})
+    wall_time_s: float = field(
+        default=5.0,
+        metadata={"help": "Wall-clock limit; the process group is killed when it expires."},
+    )
     cpu_time_s: int = field(default=5, metadata={"help": "CPU-seconds limit (RLIMIT_CPU)."})
-    memory_mb: int = field(default=256, metadata={"help": "Address-space limit in MiB (RLIMIT_AS)."})
-    max_output_bytes: int = field(default=4096, metadata={"help": "Stdout kept; the rest is dropped and a marker appended."})
-    max_file_mb: int = field(default=8, metadata={"help": "Largest file the code may write, in MiB (RLIMIT_FSIZE)."})
+    memory_mb: int = field(
+        default=256, metadata={"help": "Address-space limit in MiB (RLIMIT_AS)."}
+    )
+    max_output_bytes: int = field(
+        default=4096, metadata={"help": "Stdout kept; the rest is dropped and a marker appended."}
+    )
+    max_file_mb: int = field(
+        default=8, metadata={"help": "Largest file the code may write, in MiB (RLIMIT_FSIZE)."}
+    )
 
 
 @dataclass
@@ -81,7 +90,7 @@ class ToolResult:
 DEFAULT_LIMITS = SandboxLimits()
 
 # Runs in the child before the user code (stdin carries the source). Keep it stdlib-only.
-_PRELUDE = r'''
+_PRELUDE = r"""
 import linecache, os, posix, resource, socket, stat, sys, traceback, types, _posixsubprocess
 DENY = {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
         "subprocess.Popen", "os.kill", "os.killpg", "os.symlink", "resource.setrlimit",
@@ -166,7 +175,7 @@ def main():
         sys.exit(1)
 
 main()
-'''
+"""
 
 
 @functools.cache
@@ -180,8 +189,12 @@ def _probe_unshare(flags: int) -> str:
     """'' if a fresh child may ``unshare(flags)``, else why not."""
     probe = f"import ctypes, os\nif ctypes.CDLL(None, use_errno=True).unshare({flags}): os._exit(ctypes.get_errno())"
     try:
-        rc = subprocess.run([sys.executable, "-I", "-S", "-c", probe], stdin=subprocess.DEVNULL,
-                            capture_output=True, timeout=30).returncode
+        rc = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", probe],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+        ).returncode
     except (OSError, subprocess.SubprocessError) as exc:
         return str(exc)
     return "" if rc == 0 else os.strerror(rc) if rc > 0 else f"probe exit status {rc}"
@@ -197,7 +210,10 @@ def namespace_flags() -> int:
             log.info("sandbox: tool code runs in a fresh %s namespace", name)
             return flags
         reasons.append(f"{name}: {why}")
-    log.warning("sandbox: no network namespace (%s); only the audit hook blocks the network", "; ".join(reasons))
+    log.warning(
+        "sandbox: no network namespace (%s); only the audit hook blocks the network",
+        "; ".join(reasons),
+    )
     return 0
 
 
@@ -209,9 +225,13 @@ def netns_available() -> bool:
 def _preexec(limits: SandboxLimits, flags: int) -> Callable[[], None]:
     """Child-side setup between fork and exec: only C calls, no locks, no logging."""
     mib, cpu, unshare = 1024 * 1024, limits.cpu_time_s, _libc_unshare() if flags else None
-    rlimits = [(resource.RLIMIT_AS, (limits.memory_mb * mib,) * 2), (resource.RLIMIT_CPU, (cpu, cpu + 1)),
-               (resource.RLIMIT_FSIZE, (limits.max_file_mb * mib,) * 2),
-               (resource.RLIMIT_NOFILE, (32, 32)), (resource.RLIMIT_CORE, (0, 0))]
+    rlimits = [
+        (resource.RLIMIT_AS, (limits.memory_mb * mib,) * 2),
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_FSIZE, (limits.max_file_mb * mib,) * 2),
+        (resource.RLIMIT_NOFILE, (32, 32)),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ]
 
     def setup() -> None:
         if unshare is not None and unshare(flags) != 0:
@@ -232,7 +252,7 @@ class _Capture:
         while chunk := await stream.read(65536):
             self.total += len(chunk)
             if self.tail:
-                self.data = (self.data + chunk)[-self.cap:]
+                self.data = (self.data + chunk)[-self.cap :]
             elif len(self.data) < self.cap:
                 self.data += chunk[: self.cap - len(self.data)]
 
@@ -243,7 +263,9 @@ class _Capture:
 
 
 async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a dead child's status says why
+    with contextlib.suppress(
+        BrokenPipeError, ConnectionResetError
+    ):  # a dead child's status says why
         stdin.write(data)
         await stdin.drain()
         stdin.close()
@@ -287,14 +309,29 @@ async def run_python(code: str, limits: SandboxLimits = DEFAULT_LIMITS) -> ToolR
 
 
 async def _execute(source: bytes, limits: SandboxLimits, workdir: str, start: float) -> ToolResult:
-    pipe, env = asyncio.subprocess.PIPE, {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin"}
+    pipe, env = (
+        asyncio.subprocess.PIPE,
+        {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin"},
+    )
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, *_PYTHON_FLAGS, "-c", _PRELUDE, stdin=pipe, stdout=pipe, stderr=pipe,
-            cwd=workdir, env=env, start_new_session=True, preexec_fn=_preexec(limits, namespace_flags()))
+            sys.executable,
+            *_PYTHON_FLAGS,
+            "-c",
+            _PRELUDE,
+            stdin=pipe,
+            stdout=pipe,
+            stderr=pipe,
+            cwd=workdir,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_preexec(limits, namespace_flags()),
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         log.error("sandbox: could not start the tool process: %s", exc)
-        return ToolResult(False, "", f"sandbox setup failed: {exc}", False, time.monotonic() - start)
+        return ToolResult(
+            False, "", f"sandbox setup failed: {exc}", False, time.monotonic() - start
+        )
     assert proc.stdin and proc.stdout and proc.stderr  # all pipes
     out, err = _Capture(limits.max_output_bytes), _Capture(_STDERR_TAIL_BYTES, tail=True)
     io = asyncio.gather(_feed(proc.stdin, source), out.pump(proc.stdout), err.pump(proc.stderr))

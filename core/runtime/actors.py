@@ -33,7 +33,9 @@ class ActorError(RuntimeError):
     """A method raised inside an actor; the message carries the remote traceback."""
 
 
-def _serve(conn: Any, factory: Callable[..., Any], args: tuple, kwargs: dict, env: dict[str, str]) -> None:
+def _serve(
+    conn: Any, factory: Callable[..., Any], args: tuple, kwargs: dict, env: dict[str, str]
+) -> None:
     os.environ.update(env)
     try:
         obj = factory(*args, **kwargs)
@@ -61,14 +63,22 @@ def _serve(conn: Any, factory: Callable[..., Any], args: tuple, kwargs: dict, en
 class ProcessActor:
     """``factory(*args, **kwargs)`` built in a spawned subprocess; calls are sent over a pipe."""
 
-    def __init__(self, factory: Callable[..., Any], *args: Any, env: dict[str, str] | None = None,
-                 name: str = "actor", start_timeout_s: float = 300.0, wait: bool = True,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        factory: Callable[..., Any],
+        *args: Any,
+        env: dict[str, str] | None = None,
+        name: str = "actor",
+        start_timeout_s: float = 300.0,
+        wait: bool = True,
+        **kwargs: Any,
+    ) -> None:
         ctx = mp.get_context("spawn")  # no forked torch/thread state in the child
         self._conn, child = ctx.Pipe()
         self.name = name
-        self.process = ctx.Process(target=_serve, args=(child, factory, args, kwargs, env or {}),
-                                   name=name, daemon=True)
+        self.process = ctx.Process(
+            target=_serve, args=(child, factory, args, kwargs, env or {}), name=name, daemon=True
+        )
         self.process.start()
         child.close()
         self._lock = threading.Lock()
@@ -112,7 +122,9 @@ class ProcessActor:
                 pass
             self.process.join(timeout_s)
         if self.process.is_alive():
-            logger.warning("%s did not stop in %.0f s; killing pid %s", self.name, timeout_s, self.process.pid)
+            logger.warning(
+                "%s did not stop in %.0f s; killing pid %s", self.name, timeout_s, self.process.pid
+            )
             self.process.kill()
             self.process.join(5)
         self._pool.shutdown(wait=False)
@@ -121,7 +133,9 @@ class ProcessActor:
 class InProcessActor:
     """The object in this process; ``call_async`` runs on one worker thread (calls stay ordered)."""
 
-    def __init__(self, factory: Callable[..., Any], *args: Any, name: str = "actor", **kwargs: Any) -> None:
+    def __init__(
+        self, factory: Callable[..., Any], *args: Any, name: str = "actor", **kwargs: Any
+    ) -> None:
         self.obj = factory(*args, **kwargs)
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
@@ -141,8 +155,16 @@ class InProcessActor:
 class RayActor:
     """A Ray actor wrapped in the same interface (Ray must be initialised by the caller)."""
 
-    def __init__(self, factory: type, *args: Any, num_cpus: float = 1.0, num_gpus: float = 0.0,
-                 env: dict[str, str] | None = None, name: str = "actor", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        factory: type,
+        *args: Any,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        env: dict[str, str] | None = None,
+        name: str = "actor",
+        **kwargs: Any,
+    ) -> None:
         import ray
 
         options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "name": None}

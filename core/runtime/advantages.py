@@ -24,11 +24,15 @@ from core.training.batch import TrainBatch
 
 def shaped_rewards(batch: TrainBatch, algo: AlgorithmConfig, max_new_tokens: int) -> torch.Tensor:
     """``[N]`` rewards after bias/scale/clip and DAPO's overlong penalty."""
-    rewards = shape_rewards(batch.rewards, bias=algo.reward_bias, scale=algo.reward_scale, clip=algo.reward_clip)
+    rewards = shape_rewards(
+        batch.rewards, bias=algo.reward_bias, scale=algo.reward_scale, clip=algo.reward_clip
+    )
     if algo.overlong_reward_penalty:
         lengths = batch.loss_mask.sum(dim=1)
         max_len = algo.overlong_max_len or max_new_tokens
-        rewards = rewards + overlong_penalty(lengths, max_len, algo.overlong_buffer_len, algo.overlong_penalty_factor)
+        rewards = rewards + overlong_penalty(
+            lengths, max_len, algo.overlong_buffer_len, algo.overlong_penalty_factor
+        )
     return rewards
 
 
@@ -47,23 +51,36 @@ def with_advantages(
     if algo.kl_in_reward_coef > 0:
         if ref_logprobs is None:
             raise ValueError("algorithm.kl_in_reward_coef > 0 needs reference log-probs")
-        token_rewards = kl_penalized_rewards(rewards, batch.behaviour_logprobs, ref_logprobs, mask,
-                                             coef=algo.kl_in_reward_coef, kind=algo.kl_estimator)
+        token_rewards = kl_penalized_rewards(
+            rewards,
+            batch.behaviour_logprobs,
+            ref_logprobs,
+            mask,
+            coef=algo.kl_in_reward_coef,
+            kind=algo.kl_estimator,
+        )
     estimator = algo.adv_estimator
     fields: dict[str, torch.Tensor] = {}
     if estimator == "gae":
         if values is None:
             raise ValueError("adv_estimator='gae' needs critic values (algorithm.use_critic=true)")
-        per_token = token_rewards if token_rewards is not None else place_at_last_token(rewards, mask)
-        advantages, returns = gae_advantages(per_token, values, mask, gamma=algo.gamma, lam=algo.lam)
+        per_token = (
+            token_rewards if token_rewards is not None else place_at_last_token(rewards, mask)
+        )
+        advantages, returns = gae_advantages(
+            per_token, values, mask, gamma=algo.gamma, lam=algo.lam
+        )
         fields.update(returns=returns, old_values=values)
     elif estimator in ("reinforce_pp", "reinforce_pp_baseline"):
         source = token_rewards if token_rewards is not None else rewards
         baseline = "group" if estimator == "reinforce_pp_baseline" else "none"
-        advantages = reinforce_pp_advantages(source, mask, gamma=algo.gamma, baseline=baseline,
-                                             group_size=algo.group_size)
+        advantages = reinforce_pp_advantages(
+            source, mask, gamma=algo.gamma, baseline=baseline, group_size=algo.group_size
+        )
     else:
-        per_sequence = {"grpo": lambda r: grpo_advantages(r, algo.group_size, normalize_std=algo.normalize_std),
-                        "rloo": lambda r: rloo_advantages(r, algo.group_size)}[estimator](rewards)
+        per_sequence = {
+            "grpo": lambda r: grpo_advantages(r, algo.group_size, normalize_std=algo.normalize_std),
+            "rloo": lambda r: rloo_advantages(r, algo.group_size),
+        }[estimator](rewards)
         advantages = per_sequence[:, None] * mask
     return batch.with_fields(advantages=advantages * mask, **fields)

@@ -27,8 +27,12 @@ logger = logging.getLogger(__name__)
 
 MARKER = "COMMITTED"
 _STEP = re.compile(r"step-(\d+)$")
-_retry = retry(retry=retry_if_exception_type(OSError), stop=stop_after_attempt(5),
-               wait=wait_exponential(multiplier=0.5, max=8), reraise=True)
+_retry = retry(
+    retry=retry_if_exception_type(OSError),
+    stop=stop_after_attempt(5),
+    wait=wait_exponential(multiplier=0.5, max=8),
+    reraise=True,
+)
 
 
 class CheckpointManager:

@@ -50,24 +50,54 @@ def run_experiment(
     model_dir = timed("build_model_s", lambda: build_or_load_model(config, data))
     if config.sft.enabled and config.sft.steps > 0:
         tick = stage("SFT warm start", config.sft.steps)
-        model_dir = timed("sft_s", lambda: sft_warm_start(config, model_dir, data.train, sink, tick))
+        model_dir = timed(
+            "sft_s", lambda: sft_warm_start(config, model_dir, data.train, sink, tick)
+        )
 
     rl = eval_result = None
     if config.actor.total_steps > 0:
-        trainer = Trainer(config, model_dir, data.train, data.test, sink, on_step=stage("RL", config.actor.total_steps))
+        trainer = Trainer(
+            config,
+            model_dir,
+            data.train,
+            data.test,
+            sink,
+            on_step=stage("RL", config.actor.total_steps),
+        )
         rl = timed("rl_s", trainer.run)
     else:
         n_eval = min(config.eval.n_problems or len(data.test), len(data.test))
-        eval_result = timed("eval_s", lambda: evaluate_model(config, model_dir, data.test, on_batch=stage("evaluate", n_eval)))
-    summary = summarize(config, data, str(model_dir), rl=rl, eval_result=eval_result, timings=timings,
-                        wall_seconds=time.perf_counter() - started, sft_final_loss=_last(memory, "sft/loss"))
+        eval_result = timed(
+            "eval_s",
+            lambda: evaluate_model(
+                config, model_dir, data.test, on_batch=stage("evaluate", n_eval)
+            ),
+        )
+    summary = summarize(
+        config,
+        data,
+        str(model_dir),
+        rl=rl,
+        eval_result=eval_result,
+        timings=timings,
+        wall_seconds=time.perf_counter() - started,
+        sft_final_loss=_last(memory, "sft/loss"),
+    )
     finish_run_files(config, summary)
     return summary
 
 
-def summarize(config: Config, data: PreparedData, model_dir: str, *, rl: RLResult | None,
-              eval_result: EvalResult | None, timings: dict[str, float], wall_seconds: float,
-              sft_final_loss: float | None) -> dict[str, Any]:
+def summarize(
+    config: Config,
+    data: PreparedData,
+    model_dir: str,
+    *,
+    rl: RLResult | None,
+    eval_result: EvalResult | None,
+    timings: dict[str, float],
+    wall_seconds: float,
+    sft_final_loss: float | None,
+) -> dict[str, Any]:
     """The run's ``summary.json``: where things are and the numbers a reader looks for first."""
     summary: dict[str, Any] = {
         "experiment": config.experiment.name,
@@ -77,8 +107,13 @@ def summarize(config: Config, data: PreparedData, model_dir: str, *, rl: RLResul
         "model": config.model.path,
         "algorithm": config.algorithm.name,
         "max_staleness": config.rollout.max_staleness,
-        "data": {"source": config.data.source, "n_train": len(data.train), "n_test": len(data.test),
-                 "train_url": data.train_url, "test_url": data.test_url},
+        "data": {
+            "source": config.data.source,
+            "n_train": len(data.train),
+            "n_test": len(data.test),
+            "train_url": data.train_url,
+            "test_url": data.test_url,
+        },
         "model_dir": model_dir,
         "sft_final_loss": sft_final_loss,
         "timings": timings,
@@ -95,8 +130,14 @@ def summarize(config: Config, data: PreparedData, model_dir: str, *, rl: RLResul
         summary["mean_staleness"] = sum(int(k) * v for k, v in staleness.items()) / n if n else 0.0
         summary["max_staleness_seen"] = max((int(k) for k in staleness), default=0)
     elif eval_result is not None:
-        summary.update(accuracy_before=eval_result.accuracy, accuracy_after=None, eval_before=eval_result.to_dict(),
-                       steps=0, final_model_dir=model_dir, checkpoint_url=None)
+        summary.update(
+            accuracy_before=eval_result.accuracy,
+            accuracy_after=None,
+            eval_before=eval_result.to_dict(),
+            steps=0,
+            final_model_dir=model_dir,
+            checkpoint_url=None,
+        )
     return summary
 
 

@@ -43,19 +43,39 @@ class LearnerWorker:
         self.config = config
         self.algo: AlgorithmConfig = config.algorithm
         a, s = config.algorithm, config.sft
-        common = dict(micro_batch_tokens=config.actor.micro_batch_tokens, dtype=config.model.dtype,
-                      seed=config.experiment.seed, temperature=config.rollout.temperature)
+        common = dict(
+            micro_batch_tokens=config.actor.micro_batch_tokens,
+            dtype=config.model.dtype,
+            seed=config.experiment.seed,
+            temperature=config.rollout.temperature,
+        )
         if mode == "sft":
-            self.policy = Learner(model_dir, lr=s.lr, weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm,
-                                  warmup_steps=s.warmup_steps, total_steps=s.steps, min_lr_ratio=s.min_lr_ratio,
-                                  betas=(0.9, 0.98), **common)
+            self.policy = Learner(
+                model_dir,
+                lr=s.lr,
+                weight_decay=s.weight_decay,
+                max_grad_norm=s.max_grad_norm,
+                warmup_steps=s.warmup_steps,
+                total_steps=s.steps,
+                min_lr_ratio=s.min_lr_ratio,
+                betas=(0.9, 0.98),
+                **common,
+            )
             self.critic = None
             return
         steps = config.actor.total_steps * a.ppo_n_minibatches
         reference = model_dir if a.kl_coef > 0 or a.kl_in_reward_coef > 0 else None
-        self.policy = Learner(model_dir, lr=a.lr, weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm,
-                              warmup_steps=0, total_steps=max(1, steps), min_lr_ratio=1.0,
-                              reference_model_dir=reference, **common)
+        self.policy = Learner(
+            model_dir,
+            lr=a.lr,
+            weight_decay=a.weight_decay,
+            max_grad_norm=a.max_grad_norm,
+            warmup_steps=0,
+            total_steps=max(1, steps),
+            min_lr_ratio=1.0,
+            reference_model_dir=reference,
+            **common,
+        )
         self.critic = (
             Learner(config.critic.path or model_dir, with_value_head=True, lr=a.critic_lr,
                     weight_decay=a.weight_decay, max_grad_norm=a.max_grad_norm, warmup_steps=0,
@@ -101,13 +121,19 @@ class LearnerWorker:
             extra["ref_logprobs"] = self.policy.compute_reference_logprobs(shard)
         shard = shard.with_fields(**extra)
         loss = PolicyLoss(a, current_version=self.policy.version, proximal_is_current=one_step)
-        steps = self.policy.update(shard, loss, n_minibatches=a.ppo_n_minibatches, group_size=a.group_size)
+        steps = self.policy.update(
+            shard, loss, n_minibatches=a.ppo_n_minibatches, group_size=a.group_size
+        )
         stats = _mean_stats(steps, prefix="actor/")
         if self.critic is not None:
-            critic_loss = ValueLoss(value_clip=a.value_clip, aggregation=a.loss_aggregation,
-                                    norm_constant=a.loss_norm_constant)
-            critic_steps = self.critic.update(shard, critic_loss, n_minibatches=a.ppo_n_minibatches,
-                                              group_size=a.group_size)
+            critic_loss = ValueLoss(
+                value_clip=a.value_clip,
+                aggregation=a.loss_aggregation,
+                norm_constant=a.loss_norm_constant,
+            )
+            critic_steps = self.critic.update(
+                shard, critic_loss, n_minibatches=a.ppo_n_minibatches, group_size=a.group_size
+            )
             stats.update(_mean_stats(critic_steps, prefix="critic/"))
         stats["version"] = float(self.policy.version)
         return stats
@@ -144,8 +170,10 @@ class LearnerWorker:
 def _has_dropout(model: torch.nn.Module) -> bool:
     """Whether a training-mode forward pass is random (dropout modules or config rates > 0)."""
     config = getattr(model, "config", None)
-    rates = [getattr(config, key, 0.0) or 0.0 for key in
-             ("attention_dropout", "hidden_dropout", "dropout", "attn_pdrop", "resid_pdrop")]
+    rates = [
+        getattr(config, key, 0.0) or 0.0
+        for key in ("attention_dropout", "hidden_dropout", "dropout", "attn_pdrop", "resid_pdrop")
+    ]
     modules = (m.p for m in model.modules() if isinstance(m, torch.nn.Dropout))
     return any(float(r) > 0 for r in rates) or any(p > 0 for p in modules)
 

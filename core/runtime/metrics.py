@@ -35,7 +35,10 @@ class JsonlSink:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        clean = {k: (v if isinstance(v, int | float) and math.isfinite(v) else None) for k, v in metrics.items()}
+        clean = {
+            k: (v if isinstance(v, int | float) and math.isfinite(v) else None)
+            for k, v in metrics.items()
+        }
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, **clean}) + "\n")
 

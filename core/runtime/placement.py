@@ -32,19 +32,46 @@ def ensure_ray(config: Config) -> None:
         ray.init(address=config.cluster.ray_address, log_to_driver=False)
         return
     cpus = config.scheduler.rollout_cpus + config.scheduler.learner_cpus
-    ray.init(num_cpus=max(1, int(round(cpus))), include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}})
+    ray.init(
+        num_cpus=max(1, int(round(cpus))),
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={
+            "env_vars": {
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])
+                )
+            }
+        },
+    )
 
 
-def start_rollout(config: Config, model_dir: str, train: list[dict], *, version: int = 0,
-                  state: dict[str, Any] | None = None) -> Actor:
+def start_rollout(
+    config: Config,
+    model_dir: str,
+    train: list[dict],
+    *,
+    version: int = 0,
+    state: dict[str, Any] | None = None,
+) -> Actor:
     """The rollout worker (engine + executor) in its own process."""
     if config.scheduler.type == "ray":
         ensure_ray(config)
         gpus = 1.0 if config.cluster.n_gpus_per_node and config.rollout.engine == "hf" else 0.0
-        return RayActor(RolloutWorker, config, model_dir, train, version=version, state=state,
-                        num_cpus=config.scheduler.rollout_cpus, num_gpus=gpus, name="rollout")
-    return ProcessActor(RolloutWorker, config, model_dir, train, version=version, state=state, name="rollout")
+        return RayActor(
+            RolloutWorker,
+            config,
+            model_dir,
+            train,
+            version=version,
+            state=state,
+            num_cpus=config.scheduler.rollout_cpus,
+            num_gpus=gpus,
+            name="rollout",
+        )
+    return ProcessActor(
+        RolloutWorker, config, model_dir, train, version=version, state=state, name="rollout"
+    )
 
 
 class LearnerGroup:
@@ -66,22 +93,50 @@ def start_learners(config: Config, model_dir: str, *, mode: str = "rl") -> Learn
     """``actor.n_ranks`` learner ranks forming one FSDP2 process group (gloo on CPU)."""
     n = config.actor.n_ranks
     if n == 1 and config.scheduler.type == "local":
-        return LearnerGroup([InProcessActor(LearnerWorker, config, model_dir, mode=mode, name="learner")])
+        return LearnerGroup(
+            [InProcessActor(LearnerWorker, config, model_dir, mode=mode, name="learner")]
+        )
     port = free_port()
-    envs = [{"RANK": str(r), "LOCAL_RANK": str(r) if not config.cluster.n_gpus_per_node else "0",
-             "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} for r in range(n)]
+    envs = [
+        {
+            "RANK": str(r),
+            "LOCAL_RANK": str(r) if not config.cluster.n_gpus_per_node else "0",
+            "WORLD_SIZE": str(n),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        for r in range(n)
+    ]
     if config.scheduler.type == "ray":
         ensure_ray(config)
         if n > 1 and config.cluster.n_nodes > 1:
-            raise NotImplementedError("multi-node learner groups need MASTER_ADDR of rank 0's node; "
-                                      "run one node per learner group for now")
+            raise NotImplementedError(
+                "multi-node learner groups need MASTER_ADDR of rank 0's node; "
+                "run one node per learner group for now"
+            )
         gpus = 1.0 if config.cluster.n_gpus_per_node else 0.0
         per_rank_cpus = config.scheduler.learner_cpus / n
-        return LearnerGroup([RayActor(LearnerWorker, config, model_dir, mode=mode, env=env,
-                                      num_cpus=per_rank_cpus, num_gpus=gpus, name=f"learner-{r}")
-                             for r, env in enumerate(envs)])
-    ranks = [ProcessActor(LearnerWorker, config, model_dir, mode=mode, env=env, name=f"learner-{r}", wait=False)
-             for r, env in enumerate(envs)]
+        return LearnerGroup(
+            [
+                RayActor(
+                    LearnerWorker,
+                    config,
+                    model_dir,
+                    mode=mode,
+                    env=env,
+                    num_cpus=per_rank_cpus,
+                    num_gpus=gpus,
+                    name=f"learner-{r}",
+                )
+                for r, env in enumerate(envs)
+            ]
+        )
+    ranks = [
+        ProcessActor(
+            LearnerWorker, config, model_dir, mode=mode, env=env, name=f"learner-{r}", wait=False
+        )
+        for r, env in enumerate(envs)
+    ]
     for rank in ranks:  # all must be started before any can finish init_process_group
         rank.wait_ready()
     return LearnerGroup(ranks)

@@ -38,7 +38,9 @@ def build_workflow(config: Config, tokenizer: Any) -> Workflow:
     try:
         cls = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as err:
-        raise ValueError(f"rollout.workflow={config.rollout.workflow!r} cannot be imported: {err}") from None
+        raise ValueError(
+            f"rollout.workflow={config.rollout.workflow!r} cannot be imported: {err}"
+        ) from None
     return cls.from_config(config, tokenizer)
 
 
@@ -66,19 +68,30 @@ def build_engine(config: Config, model_dir: str, version: int = 0) -> InferenceE
 class RolloutWorker:
     """Engine, workflow and executor on a private event loop; synchronous methods for the driver."""
 
-    def __init__(self, config: Config, model_dir: str, train: list[dict], *, version: int = 0,
-                 state: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        model_dir: str,
+        train: list[dict],
+        *,
+        version: int = 0,
+        state: dict[str, Any] | None = None,
+    ) -> None:
         torch.set_num_threads(max(1, config.scheduler.torch_threads))
         self.config = config
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or model_dir)
-        self.loader = ResumableDataLoader(train, batch_size=1, shuffle=True, seed=config.experiment.seed)
+        self.loader = ResumableDataLoader(
+            train, batch_size=1, shuffle=True, seed=config.experiment.seed
+        )
         if state is not None:
             self.loader.load_state_dict(state["dataloader"])
         # Samples drawn but not yet consumed: a checkpoint records the loader state from before
         # the oldest of them, so a resumed run draws exactly the same prompts again.
         self._outstanding: dict[str, dict[str, Any]] = {}
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-loop", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="rollout-loop", daemon=True
+        )
         self._thread.start()
         self.engine = build_engine(config, model_dir, version)
         self.workflow = build_workflow(config, self.tokenizer)
@@ -160,8 +173,13 @@ class RolloutWorker:
     async def _evaluate(self, samples: list[dict], max_new_tokens: int) -> dict[str, Any]:
         # The training workflow itself, decoding greedily: an agent's eval runs its tools too.
         greedy = copy.copy(self.workflow)
-        greedy.sampling = dataclasses.replace(self.workflow.sampling, temperature=0.0, top_p=1.0, top_k=0,
-                                              max_new_tokens=max_new_tokens)
+        greedy.sampling = dataclasses.replace(
+            self.workflow.sampling,
+            temperature=0.0,
+            top_p=1.0,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+        )
 
         async def one(sample: dict) -> tuple[float, str]:
             trajectory = await greedy.run_episode(self.engine, sample)

@@ -46,19 +46,33 @@ def sft_warm_start(
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_dir)
     template = config.data.template
     examples = [
-        sft_example(tokenizer(render_prompt(row["question"], template), add_special_tokens=False)["input_ids"],
-                    tokenizer(row["answer"], add_special_tokens=False)["input_ids"], tokenizer.eos_token_id)
+        sft_example(
+            tokenizer(render_prompt(row["question"], template), add_special_tokens=False)[
+                "input_ids"
+            ],
+            tokenizer(row["answer"], add_special_tokens=False)["input_ids"],
+            tokenizer.eos_token_id,
+        )
         for row in train
     ]
-    loader = ResumableDataLoader(examples, batch_size=sft.batch_size, shuffle=True, seed=config.experiment.seed)
+    loader = ResumableDataLoader(
+        examples, batch_size=sft.batch_size, shuffle=True, seed=config.experiment.seed
+    )
     learners = start_learners(config, str(model_dir), mode="sft")
     started = time.perf_counter()
     try:
         for step in range(sft.steps):
             batch = collate(loader.next_batch(), tokenizer.pad_token_id)
             stats = learners.call("sft_step", batch)
-            sink.log_metrics({"sft/loss": stats["loss"], "sft/lr": stats["lr"], "sft/grad_norm": stats["grad_norm"],
-                              "sft/tokens_per_s": stats["tokens"] / max(stats["seconds"], 1e-9)}, step)
+            sink.log_metrics(
+                {
+                    "sft/loss": stats["loss"],
+                    "sft/lr": stats["lr"],
+                    "sft/grad_norm": stats["grad_norm"],
+                    "sft/tokens_per_s": stats["tokens"] / max(stats["seconds"], 1e-9),
+                },
+                step,
+            )
             if on_step is not None:
                 on_step(1)
         url = join(config.run_dir, "sft")

@@ -44,7 +44,9 @@ def prepare_data(config: Config, out_url: str | None = None) -> PreparedData:
     ``train.jsonl`` finds both)."""
     data = config.data
     if data.source == "synthetic":
-        train, test = generate_splits(data.synthetic, data.n_train, data.n_test, config.experiment.seed)
+        train, test = generate_splits(
+            data.synthetic, data.n_train, data.n_test, config.experiment.seed
+        )
     else:
         train = load_gsm8k(data.gsm8k_path, "train", strict=data.strict, limit=data.n_train or None)
         test = load_gsm8k(data.gsm8k_path, "test", strict=data.strict, limit=data.n_test or None)
@@ -92,7 +94,9 @@ def evaluate_model(
 ) -> EvalResult:
     """Greedy held-out accuracy of the model in ``model_dir``."""
     torch.manual_seed(config.experiment.seed)
-    model = load_model(model_dir, dtype=config.model.dtype, attn_implementation=config.model.attn_implementation)
+    model = load_model(
+        model_dir, dtype=config.model.dtype, attn_implementation=config.model.attn_implementation
+    )
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_dir)
     n = config.eval.n_problems or len(test)
     return evaluate(

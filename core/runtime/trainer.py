@@ -65,8 +65,11 @@ def to_batch(groups: list[Group], pad_id: int) -> TrainBatch:
 def _rng_state() -> dict[str, Any]:
     """The driver's RNG states as JSON-friendly lists."""
     name, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"python": random.getstate(), "numpy": [name, keys.tolist(), pos, has_gauss, gauss],
-            "torch": torch.get_rng_state().tolist()}
+    return {
+        "python": random.getstate(),
+        "numpy": [name, keys.tolist(), pos, has_gauss, gauss],
+        "torch": torch.get_rng_state().tolist(),
+    }
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
@@ -80,9 +83,16 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 class Trainer:
     """Owns the rollout worker and the learner group for one RL stage."""
 
-    def __init__(self, config: Config, model_dir: str | Path, train: list[dict], test: list[dict],
-                 sink: MetricSink, on_step: Callable[[int], None] | None = None,
-                 on_eval: Callable[[int, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        model_dir: str | Path,
+        train: list[dict],
+        test: list[dict],
+        sink: MetricSink,
+        on_step: Callable[[int], None] | None = None,
+        on_eval: Callable[[int, float], None] | None = None,
+    ) -> None:
         self.config = config
         self.model_dir = str(model_dir)
         self.train = train
@@ -112,8 +122,15 @@ class Trainer:
             version = start
             if not self.evals:
                 self._evaluate(rollout, version)  # the starting point, same engine and settings
-            totals = {"samples": 0, "tokens": 0, "train_s": 0.0, "wait_s": 0.0, "publish_s": 0.0, "step_s": 0.0,
-                      "wall_s": 0.0}
+            totals = {
+                "samples": 0,
+                "tokens": 0,
+                "train_s": 0.0,
+                "wait_s": 0.0,
+                "publish_s": 0.0,
+                "step_s": 0.0,
+                "wall_s": 0.0,
+            }
             run_started = self._started = time.perf_counter()
             self._paused = 0.0  # eval and checkpoint seconds since the RL clock started
             for step in range(start, cfg.actor.total_steps):
@@ -132,11 +149,19 @@ class Trainer:
             if rollout is not None:
                 rollout.close()
             learners.close()
-        return RLResult(final_model_dir=final_dir, version=version, steps_run=cfg.actor.total_steps - start,
-                        checkpoint_url=self.ckpt.url, evals=self.evals, summary=self._summary(totals),
-                        rollout_stats=stats)
+        return RLResult(
+            final_model_dir=final_dir,
+            version=version,
+            steps_run=cfg.actor.total_steps - start,
+            checkpoint_url=self.ckpt.url,
+            evals=self.evals,
+            summary=self._summary(totals),
+            rollout_stats=stats,
+        )
 
-    def _step(self, step: int, learners: LearnerGroup, rollout: Any, totals: dict[str, float]) -> int:
+    def _step(
+        self, step: int, learners: LearnerGroup, rollout: Any, totals: dict[str, float]
+    ) -> int:
         cfg, algo = self.config, self.config.algorithm
         t0 = time.perf_counter()
         groups: list[Group] = rollout.call("prepare_batch", 3600.0)
@@ -144,8 +169,9 @@ class Trainer:
         batch = to_batch(groups, self.pad_id)
         values = learners.call("compute_values", batch) if algo.use_critic else None
         ref = learners.call("compute_ref_logprobs", batch) if algo.kl_in_reward_coef > 0 else None
-        batch = with_advantages(batch, algo, max_new_tokens=cfg.rollout.max_new_tokens, values=values,
-                                ref_logprobs=ref)
+        batch = with_advantages(
+            batch, algo, max_new_tokens=cfg.rollout.max_new_tokens, values=values, ref_logprobs=ref
+        )
         stats = learners.call("rl_update", batch)
         version = int(stats["version"])
         t_train = time.perf_counter() - t0 - t_wait
@@ -177,18 +203,32 @@ class Trainer:
         }
         self.sink.log_metrics(metrics, step)
         self._log_batch(step, version, groups, staleness)
-        logger.info("step %d: reward %.3f, staleness %.2f/%d, wait %.2fs train %.2fs publish %.2fs",
-                    step, metrics["reward/mean"], metrics["staleness/mean"], int(metrics["staleness/max"]),
-                    t_wait, t_train, publish_s)
+        logger.info(
+            "step %d: reward %.3f, staleness %.2f/%d, wait %.2fs train %.2fs publish %.2fs",
+            step,
+            metrics["reward/mean"],
+            metrics["staleness/mean"],
+            int(metrics["staleness/max"]),
+            t_wait,
+            t_train,
+            publish_s,
+        )
         if self.on_step is not None:
             self.on_step(1)
         return version
 
     # ------------------------------------------------------------------ pieces
-    def _log_batch(self, step: int, version: int, groups: list[Group], staleness: list[int]) -> None:
+    def _log_batch(
+        self, step: int, version: int, groups: list[Group], staleness: list[int]
+    ) -> None:
         """``batches.jsonl``: which prompts each step trained on (for audits and resume checks)."""
-        row = {"step": step, "version": version, "sample_ids": [g.sample_id for g in groups],
-               "staleness": staleness, "rewards": [g.rewards for g in groups]}
+        row = {
+            "step": step,
+            "version": version,
+            "sample_ids": [g.sample_id for g in groups],
+            "staleness": staleness,
+            "rewards": [g.rewards for g in groups],
+        }
         with self.batches_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -209,13 +249,21 @@ class Trainer:
         # elapsed_s: RL wall time when this eval started; rl_s: the same without the earlier eval
         # and checkpoint pauses (for time-to-target-accuracy).
         seconds = time.perf_counter() - t0
-        result.update(version=version, seconds=seconds, elapsed_s=t0 - self._started,
-                      rl_s=t0 - self._started - self._paused)
+        result.update(
+            version=version,
+            seconds=seconds,
+            elapsed_s=t0 - self._started,
+            rl_s=t0 - self._started - self._paused,
+        )
         self._paused += seconds
         self.evals.append(result)
-        self.sink.log_metrics({"eval/accuracy": result["accuracy"], "eval/direct_share": result["direct_share"]},
-                              version)
-        logger.info("eval at version %d: accuracy %.3f (n=%d)", version, result["accuracy"], result["n"])
+        self.sink.log_metrics(
+            {"eval/accuracy": result["accuracy"], "eval/direct_share": result["direct_share"]},
+            version,
+        )
+        logger.info(
+            "eval at version %d: accuracy %.3f (n=%d)", version, result["accuracy"], result["n"]
+        )
         if self.on_eval is not None:
             self.on_eval(version, result["accuracy"])
 
@@ -224,8 +272,13 @@ class Trainer:
         path = self.ckpt.path(version)
         learners.call("save_checkpoint", join(path, "learner"))
         self._write_hf(learners, version, join(path, "hf"))
-        recover = {"version": version, "rollout": rollout.call("state_dict"), "rng": _rng_state(),
-                   "config_hash": config_hash(self.config), "evals": self.evals}
+        recover = {
+            "version": version,
+            "rollout": rollout.call("state_dict"),
+            "rng": _rng_state(),
+            "config_hash": config_hash(self.config),
+            "evals": self.evals,
+        }
         self.ckpt.commit(version, recover)
         self._paused += time.perf_counter() - t0
 
@@ -235,11 +288,16 @@ class Trainer:
             return 0, self.model_dir, None
         latest = self.ckpt.latest()
         if latest is None:
-            logger.info("recover=auto: no committed checkpoint under %s, starting fresh", self.ckpt.url)
+            logger.info(
+                "recover=auto: no committed checkpoint under %s, starting fresh", self.ckpt.url
+            )
             return 0, self.model_dir, None
         recover = self.ckpt.load_recover(latest)
         if recover["config_hash"] != config_hash(self.config):
-            logger.warning("resuming %s with a config that differs from the checkpoint's", self.ckpt.path(latest))
+            logger.warning(
+                "resuming %s with a config that differs from the checkpoint's",
+                self.ckpt.path(latest),
+            )
         _set_rng_state(recover["rng"])
         self.evals = list(recover.get("evals", []))
         hf_url = join(self.ckpt.path(latest), "hf")
@@ -247,7 +305,11 @@ class Trainer:
         if not is_local(hf_url):
             hf_local.mkdir(parents=True, exist_ok=True)
             self.ckpt.fs.get(hf_url.split("://", 1)[1] + "/", str(hf_local) + "/", recursive=True)
-        logger.info("recover=auto: resuming from %s (version %d)", self.ckpt.path(latest), recover["version"])
+        logger.info(
+            "recover=auto: resuming from %s (version %d)",
+            self.ckpt.path(latest),
+            recover["version"],
+        )
         # The engine starts from the checkpoint's weights at its version: weights re-published.
         return int(recover["version"]), str(hf_local), recover["rollout"]
 
@@ -274,6 +336,12 @@ class Trainer:
     def _summary(self, totals: dict[str, float]) -> dict[str, float]:
         """Throughput over training steps only (evals and checkpoints excluded, they are optional)."""
         wall = max(totals["step_s"], 1e-9)
-        return {"samples_per_s": totals["samples"] / wall, "tokens_per_s": totals["tokens"] / wall,
-                "learner_busy_fraction": totals["train_s"] / wall, "rl_wall_s": totals["wall_s"],
-                "wait_rollout_s": totals["wait_s"], "train_s": totals["train_s"], "publish_s": totals["publish_s"]}
+        return {
+            "samples_per_s": totals["samples"] / wall,
+            "tokens_per_s": totals["tokens"] / wall,
+            "learner_busy_fraction": totals["train_s"] / wall,
+            "rl_wall_s": totals["wall_s"],
+            "wait_rollout_s": totals["wait_s"],
+            "train_s": totals["train_s"],
+            "publish_s": totals["publish_s"],
+        }

@@ -306,8 +306,10 @@ class Learner:
     ) -> list[dict[str, float]]:
         """One policy update from a training batch: ``n_minibatches`` steps, then version + 1."""
         if n_minibatches > 1 and getattr(loss_fn, "proximal_is_current", False):
-            raise ValueError("proximal_is_current holds for one optimiser step only: "
-                             "pass proximal_logprobs when n_minibatches > 1")
+            raise ValueError(
+                "proximal_is_current holds for one optimiser step only: "
+                "pass proximal_logprobs when n_minibatches > 1"
+            )
         stats = [
             self.train_step(minibatch, loss_fn)
             for minibatch in split_minibatches(batch, n_minibatches, group_size=group_size)

@@ -16,6 +16,7 @@ def warm_start(cfg: Config, label: str) -> tuple[PreparedData, Path]:
     data = prepare_data(cfg)
     started = time.perf_counter()
     model_dir = sft_warm_start(cfg, build_or_load_model(cfg, data), data.train, MemorySink())
-    print(f"[{label}] SFT warm start: {time.perf_counter() - started:.0f} s → {model_dir}",
-          flush=True)
+    print(
+        f"[{label}] SFT warm start: {time.perf_counter() - started:.0f} s → {model_dir}", flush=True
+    )
     return data, Path(model_dir)

@@ -45,16 +45,19 @@ def main(argv: list[str] | None = None) -> None:
     from tasks.compare import render_markdown
 
     started = time.perf_counter()
-    result = ablation(args.config, [*base, f"model.path={model}", "sft.enabled=false"],
-                      algorithms, args.seeds)
+    result = ablation(
+        args.config, [*base, f"model.path={model}", "sft.enabled=false"], algorithms, args.seeds
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(result["plot"], out / "curves.png")
     table = render_markdown(result["table"])
     (out / "comparison.md").write_text(table)
     print(table)
-    print(f"{len(result['runs'])} runs in {time.perf_counter() - started:.0f} s · figure "
-          f"{out / 'curves.png'} · MLflow parent run {result['mlflow_parent_run_id']}")
+    print(
+        f"{len(result['runs'])} runs in {time.perf_counter() - started:.0f} s · figure "
+        f"{out / 'curves.png'} · MLflow parent run {result['mlflow_parent_run_id']}"
+    )
 
 
 if __name__ == "__main__":

@@ -70,25 +70,51 @@ def load(task: TaskSpec, overrides: list[str]) -> Config:
     return load_config(task.config, [*overrides, "tracking.mlflow_experiment=benchmarks"])
 
 
-def run_setting(task: TaskSpec, base: list[str], model_dir: str, data: Any, eta: int,
-                threads: int, parent_id: str, name: str) -> dict[str, Any]:
+def run_setting(
+    task: TaskSpec,
+    base: list[str],
+    model_dir: str,
+    data: Any,
+    eta: int,
+    threads: int,
+    parent_id: str,
+    name: str,
+) -> dict[str, Any]:
     """One RL run from the warm start; a nested MLflow run gets its per-step metrics."""
     trial = f"eta{eta}-t{threads}"
-    cfg = load(task, [*base, f"rollout.max_staleness={eta}", f"scheduler.torch_threads={threads}",
-                      f"experiment.trial={trial}", "checkpoint.every_n_steps=0",
-                      "sft.enabled=false"])
+    cfg = load(
+        task,
+        [
+            *base,
+            f"rollout.max_staleness={eta}",
+            f"scheduler.torch_threads={threads}",
+            f"experiment.trial={trial}",
+            "checkpoint.every_n_steps=0",
+            "sft.enabled=false",
+        ],
+    )
     memory = MemorySink()
-    with start_run(cfg, run_name=f"{name}/{trial}", parent_run_id=parent_id,
-                   tags={"kind": "benchmark", "task": name}) as run:
+    with start_run(
+        cfg,
+        run_name=f"{name}/{trial}",
+        parent_run_id=parent_id,
+        tags={"kind": "benchmark", "task": name},
+    ) as run:
         sink = FanOut([memory, MLflowSink(run.info.run_id)])
         started = time.perf_counter()
         result = Trainer(cfg, model_dir, data.train, data.test, sink).run()
         s, n = result.summary, max(result.steps_run, 1)
         row = {
-            "task": name, "setting": trial, "eta": eta, "threads": threads,
-            "steps": result.steps_run, "samples_per_s": s["samples_per_s"],
-            "tokens_per_s": s["tokens_per_s"], "learner_busy_fraction": s["learner_busy_fraction"],
-            "gen_wait_s_per_step": s["wait_rollout_s"] / n, "train_s_per_step": s["train_s"] / n,
+            "task": name,
+            "setting": trial,
+            "eta": eta,
+            "threads": threads,
+            "steps": result.steps_run,
+            "samples_per_s": s["samples_per_s"],
+            "tokens_per_s": s["tokens_per_s"],
+            "learner_busy_fraction": s["learner_busy_fraction"],
+            "gen_wait_s_per_step": s["wait_rollout_s"] / n,
+            "train_s_per_step": s["train_s"] / n,
             "publish_s_per_step": s["publish_s"] / n,
             "step_s": _mean(v for _, v in memory.series("time/step_s")),
             "accuracy_start": result.evals[0]["accuracy"],
@@ -96,19 +122,24 @@ def run_setting(task: TaskSpec, base: list[str], model_dir: str, data: Any, eta:
             "evals": _train_time_evals(result.evals),
             "mean_staleness": _mean(v for _, v in memory.series("staleness/mean")),
             "max_staleness": max((v for _, v in memory.series("staleness/max")), default=0.0),
-            "wall_s": time.perf_counter() - started, "mlflow_run_id": run.info.run_id,
+            "wall_s": time.perf_counter() - started,
+            "mlflow_run_id": run.info.run_id,
         }
         row["time_to_target_s"] = _first_at(row["evals"], task.target)
-        sink.log_metrics({f"bench/{k}": v for k, v in row.items()
-                          if isinstance(v, float | int)}, result.steps_run)
+        sink.log_metrics(
+            {f"bench/{k}": v for k, v in row.items() if isinstance(v, float | int)},
+            result.steps_run,
+        )
     return row
 
 
 def _train_time_evals(evals: list[dict[str, Any]]) -> list[dict[str, float]]:
     """Each eval with ``train_s``: RL wall seconds before it without eval and checkpoint pauses
     (the trainer's ``rl_s``); the first eval runs before the RL clock starts."""
-    return [{"version": e["version"], "accuracy": e["accuracy"], "train_s": e["rl_s"] if i else 0.0}
-            for i, e in enumerate(evals)]
+    return [
+        {"version": e["version"], "accuracy": e["accuracy"], "train_s": e["rl_s"] if i else 0.0}
+        for i, e in enumerate(evals)
+    ]
 
 
 def _first_at(evals: list[dict[str, float]], target: float) -> float | None:
@@ -123,8 +154,12 @@ def _mean(values: Any) -> float:
 
 def task_overrides(task: TaskSpec, args: argparse.Namespace) -> list[str]:
     """The task's RL length and eval cadence, then the user's overrides (which win)."""
-    return [f"actor.total_steps={task.steps}", f"eval.every_n_steps={task.eval_every}",
-            *args.overrides, f"cluster.fileroot={args.fileroot}"]
+    return [
+        f"actor.total_steps={task.steps}",
+        f"eval.every_n_steps={task.eval_every}",
+        *args.overrides,
+        f"cluster.fileroot={args.fileroot}",
+    ]
 
 
 def run_task(name: str, task: TaskSpec, args: argparse.Namespace, parent_id: str) -> dict[str, Any]:
@@ -141,9 +176,12 @@ def run_task(name: str, task: TaskSpec, args: argparse.Namespace, parent_id: str
         for threads in args.sync_threads if eta == 0 else [1]:
             row = run_setting(task, base, model_dir, data, eta, threads, parent_id, name)
             rows.append(row)
-            print(f"[{name}] {row['setting']}: {row['samples_per_s']:.1f} samples/s, busy "
-                  f"{row['learner_busy_fraction']:.2f}, accuracy {row['accuracy_start']:.3f} → "
-                  f"{row['accuracy_final']:.3f}", flush=True)
+            print(
+                f"[{name}] {row['setting']}: {row['samples_per_s']:.1f} samples/s, busy "
+                f"{row['learner_busy_fraction']:.2f}, accuracy {row['accuracy_start']:.3f} → "
+                f"{row['accuracy_final']:.3f}",
+                flush=True,
+            )
     return summarize(name, task, rows, model_dir)
 
 
@@ -155,17 +193,27 @@ def summarize(name: str, task: TaskSpec, rows: list[dict[str, Any]], model: str)
     t_train = sync["train_s_per_step"] + sync["publish_s_per_step"]
     one_thread = [r for r in syncs if r["threads"] == 1]
     # An async step still trains and then publishes: both are the learner's time.
-    learner_1t = (one_thread[0]["train_s_per_step"] + one_thread[0]["publish_s_per_step"]
-                  if one_thread else None)
+    learner_1t = (
+        one_thread[0]["train_s_per_step"] + one_thread[0]["publish_s_per_step"]
+        if one_thread
+        else None
+    )
     for row in rows:
         row["speedup_vs_best_sync"] = row["samples_per_s"] / sync["samples_per_s"]
-    best_async = max((r for r in rows if r["eta"] > 0), key=lambda r: r["samples_per_s"],
-                     default=None)
+    best_async = max(
+        (r for r in rows if r["eta"] > 0), key=lambda r: r["samples_per_s"], default=None
+    )
     return {
-        "task": name, "config": task.config, "steps": rows[0]["steps"], "target_accuracy": task.target,
-        "model": model, "rows": rows, "best_sync": sync["setting"],
+        "task": name,
+        "config": task.config,
+        "steps": rows[0]["steps"],
+        "target_accuracy": task.target,
+        "model": model,
+        "rows": rows,
+        "best_sync": sync["setting"],
         "best_async": best_async["setting"] if best_async else None,
-        "T_gen_s": t_gen, "T_train_s": t_train,
+        "T_gen_s": t_gen,
+        "T_train_s": t_train,
         "overlap_ceiling": (t_gen + t_train) / max(t_gen, t_train, 1e-9),
         "learner_1thread_s": learner_1t,
         "learner_bound": sync["step_s"] / learner_1t if learner_1t else None,
@@ -175,22 +223,40 @@ def summarize(name: str, task: TaskSpec, rows: list[dict[str, Any]], model: str)
 # ------------------------------------------------------------------------------ output
 def print_table(report: dict[str, Any]) -> None:
     bound = report["learner_bound"]
-    title = (f"{report['task']}: {report['steps']} RL steps · overlap ceiling "
-             f"{report['overlap_ceiling']:.2f}× (T_gen {report['T_gen_s']:.2f} s, T_train "
-             f"{report['T_train_s']:.2f} s/step) · learner bound "
-             + (f"{bound:.2f}×" if bound else "n/a"))
+    title = (
+        f"{report['task']}: {report['steps']} RL steps · overlap ceiling "
+        f"{report['overlap_ceiling']:.2f}× (T_gen {report['T_gen_s']:.2f} s, T_train "
+        f"{report['T_train_s']:.2f} s/step) · learner bound "
+        + (f"{bound:.2f}×" if bound else "n/a")
+    )
     table = Table(title=title)
-    for col in ("setting", "samples/s", "tokens/s", "× best sync", "busy", "gen wait s",
-                "train s", "acc start → final", f"s to {report['target_accuracy']:.2f}",
-                "staleness mean/max"):
+    for col in (
+        "setting",
+        "samples/s",
+        "tokens/s",
+        "× best sync",
+        "busy",
+        "gen wait s",
+        "train s",
+        "acc start → final",
+        f"s to {report['target_accuracy']:.2f}",
+        "staleness mean/max",
+    ):
         table.add_column(col, justify="right")
     for r in report["rows"]:
         ttt = "—" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f}"
-        table.add_row(r["setting"], f"{r['samples_per_s']:.1f}", f"{r['tokens_per_s']:.0f}",
-                      f"{r['speedup_vs_best_sync']:.2f}", f"{r['learner_busy_fraction']:.2f}",
-                      f"{r['gen_wait_s_per_step']:.2f}", f"{r['train_s_per_step']:.2f}",
-                      f"{r['accuracy_start']:.3f} → {r['accuracy_final']:.3f}", ttt,
-                      f"{r['mean_staleness']:.2f} / {r['max_staleness']:.0f}")
+        table.add_row(
+            r["setting"],
+            f"{r['samples_per_s']:.1f}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['speedup_vs_best_sync']:.2f}",
+            f"{r['learner_busy_fraction']:.2f}",
+            f"{r['gen_wait_s_per_step']:.2f}",
+            f"{r['train_s_per_step']:.2f}",
+            f"{r['accuracy_start']:.3f} → {r['accuracy_final']:.3f}",
+            ttt,
+            f"{r['mean_staleness']:.2f} / {r['max_staleness']:.0f}",
+        )
     Console(width=160).print(table)
 
 
@@ -211,17 +277,34 @@ def plot_eta(reports: list[dict[str, Any]], path: Path) -> Path:
         best = _best_per_eta(report["rows"])
         etas = list(best)
         color = f"C{i}"
-        speed.plot(etas, [best[e]["speedup_vs_best_sync"] for e in etas], marker="o",
-                   color=color, label=report["task"])
+        speed.plot(
+            etas,
+            [best[e]["speedup_vs_best_sync"] for e in etas],
+            marker="o",
+            color=color,
+            label=report["task"],
+        )
         if report["learner_bound"]:
-            speed.axhline(min(report["learner_bound"], report["overlap_ceiling"]), color=color,
-                          linestyle=":", linewidth=1, label=f"{report['task']} ceiling")
-        acc.plot(etas, [best[e]["accuracy_final"] for e in etas], marker="o", color=color,
-                 label=report["task"])
-    speed.set(xlabel="staleness bound η", ylabel="trained samples/s ÷ best sync",
-              title="throughput vs η")
-    acc.set(xlabel="staleness bound η", ylabel="held-out accuracy after RL",
-            title="final accuracy vs η")
+            speed.axhline(
+                min(report["learner_bound"], report["overlap_ceiling"]),
+                color=color,
+                linestyle=":",
+                linewidth=1,
+                label=f"{report['task']} ceiling",
+            )
+        acc.plot(
+            etas,
+            [best[e]["accuracy_final"] for e in etas],
+            marker="o",
+            color=color,
+            label=report["task"],
+        )
+    speed.set(
+        xlabel="staleness bound η", ylabel="trained samples/s ÷ best sync", title="throughput vs η"
+    )
+    acc.set(
+        xlabel="staleness bound η", ylabel="held-out accuracy after RL", title="final accuracy vs η"
+    )
     for ax in (speed, acc):
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
@@ -236,8 +319,14 @@ def plot_curves(reports: list[dict[str, Any]], path: Path) -> Path:
     axes = fig.subplots(1, len(reports), squeeze=False)[0]
     for ax, report in zip(axes, reports, strict=True):
         for i, (eta, row) in enumerate(_best_per_eta(report["rows"]).items()):
-            ax.plot([e["train_s"] for e in row["evals"]], [e["accuracy"] for e in row["evals"]],
-                    marker="o", markersize=3, color=f"C{i}", label=f"η={eta} ({row['setting']})")
+            ax.plot(
+                [e["train_s"] for e in row["evals"]],
+                [e["accuracy"] for e in row["evals"]],
+                marker="o",
+                markersize=3,
+                color=f"C{i}",
+                label=f"η={eta} ({row['setting']})",
+            )
         ax.axhline(report["target_accuracy"], color="grey", linestyle=":", linewidth=1)
         ax.set(xlabel="RL seconds", ylabel="held-out accuracy", title=report["task"])
         ax.legend(fontsize=8)
@@ -251,7 +340,9 @@ def _pairs(values: list[str]) -> dict[str, str]:
     for value in values:
         key, sep, folder = value.partition("=")
         if not sep or key not in TASKS:
-            raise SystemExit(f"--model expects TASK=DIR with TASK in {sorted(TASKS)}, got {value!r}")
+            raise SystemExit(
+                f"--model expects TASK=DIR with TASK in {sorted(TASKS)}, got {value!r}"
+            )
         out[key] = folder
     return out
 
@@ -261,8 +352,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tasks", default="math,agent", help=f"comma-separated, from {sorted(TASKS)}")
     p.add_argument("--etas", default="0,1,2,4,8", help="staleness bounds; 0 = synchronous")
     p.add_argument("--sync-threads", default="1,2", help="torch threads tried for η = 0")
-    p.add_argument("--model", action="append", default=[], metavar="TASK=DIR",
-                   help="a warm-started HF folder for TASK (skips its SFT)")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="TASK=DIR",
+        help="a warm-started HF folder for TASK (skips its SFT)",
+    )
     p.add_argument("--fileroot", default="runs", help="cluster.fileroot of the runs (MLflow too)")
     p.add_argument("--out", default="runs/benchmarks/async_vs_sync", help="JSON and plots")
     p.add_argument("overrides", nargs="*", help="config overrides for every run (key=value)")
@@ -289,23 +385,36 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    with start_run(configs[0], run_name=f"async-vs-sync-{stamp}", tags={"kind": "benchmark"}) as parent:
+    with start_run(
+        configs[0], run_name=f"async-vs-sync-{stamp}", tags={"kind": "benchmark"}
+    ) as parent:
         reports = [run_task(name, TASKS[name], args, parent.info.run_id) for name in args.tasks]
         results = out / "results.json"
-        results.write_text(json.dumps({"tasks": reports, "etas": args.etas,
-                                       "mlflow_run_id": parent.info.run_id}, indent=2))
-        paths = [results, plot_eta(reports, out / "throughput_vs_eta.png"),
-                 plot_curves(reports, out / "accuracy_vs_time.png")]
+        results.write_text(
+            json.dumps(
+                {"tasks": reports, "etas": args.etas, "mlflow_run_id": parent.info.run_id}, indent=2
+            )
+        )
+        paths = [
+            results,
+            plot_eta(reports, out / "throughput_vs_eta.png"),
+            plot_curves(reports, out / "accuracy_vs_time.png"),
+        ]
         client = mlflow.MlflowClient()
         for path in paths:
             client.log_artifact(parent.info.run_id, str(path))
         for report in reports:
-            headline = {"overlap_ceiling": report["overlap_ceiling"],
-                        "learner_bound": report["learner_bound"],
-                        **{f"speedup_eta{r['eta']}_t{r['threads']}": r["speedup_vs_best_sync"]
-                           for r in report["rows"]}}
-            mlflow.log_metrics({f"{report['task']}/{k}": v for k, v in headline.items()
-                                if v is not None})
+            headline = {
+                "overlap_ceiling": report["overlap_ceiling"],
+                "learner_bound": report["learner_bound"],
+                **{
+                    f"speedup_eta{r['eta']}_t{r['threads']}": r["speedup_vs_best_sync"]
+                    for r in report["rows"]
+                },
+            }
+            mlflow.log_metrics(
+                {f"{report['task']}/{k}": v for k, v in headline.items() if v is not None}
+            )
     for report in reports:
         print_table(report)
     print(f"results: {out} · MLflow run {parent.info.run_id}")

@@ -40,17 +40,35 @@ from rich.table import Table
 from core.config import load_config
 from tasks.tracking import start_run
 
-SHORT = ["sft.steps=200", "actor.total_steps=20", "eval.every_n_steps=0",
-         "checkpoint.every_n_steps=0"]
+SHORT = [
+    "sft.steps=200",
+    "actor.total_steps=20",
+    "eval.every_n_steps=0",
+    "checkpoint.every_n_steps=0",
+]
 VARIANTS = {"plain": ["--plain"], "flow": [], "flow-server": []}
 
 
-def run_once(variant: str, config: str, overrides: list[str], fileroot: str, trial: str,
-             log_dir: Path, env: dict[str, str]) -> dict[str, Any]:
+def run_once(
+    variant: str,
+    config: str,
+    overrides: list[str],
+    fileroot: str,
+    trial: str,
+    log_dir: Path,
+    env: dict[str, str],
+) -> dict[str, Any]:
     """One ``asyncrl run`` as a subprocess; its output goes to ``log_dir/{trial}.log``."""
     asyncrl = Path(sys.executable).with_name("asyncrl")
-    cmd = [str(asyncrl), "run", *VARIANTS[variant], config, *overrides,
-           f"cluster.fileroot={fileroot}", f"experiment.trial={trial}"]
+    cmd = [
+        str(asyncrl),
+        "run",
+        *VARIANTS[variant],
+        config,
+        *overrides,
+        f"cluster.fileroot={fileroot}",
+        f"experiment.trial={trial}",
+    ]
     log = log_dir / f"{trial}.log"
     started = time.perf_counter()
     with log.open("w") as out:
@@ -58,12 +76,21 @@ def run_once(variant: str, config: str, overrides: list[str], fileroot: str, tri
     command_s = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{variant} run failed (exit {proc.returncode}); see {log}")
-    run_dir = Path(load_config(config, [*overrides, f"cluster.fileroot={fileroot}",
-                                        f"experiment.trial={trial}"]).run_dir)
+    run_dir = Path(
+        load_config(
+            config, [*overrides, f"cluster.fileroot={fileroot}", f"experiment.trial={trial}"]
+        ).run_dir
+    )
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"variant": variant, "trial": trial, "command_s": command_s,
-            "job_s": summary["wall_seconds"], "fixed_s": command_s - summary["wall_seconds"],
-            "samples_per_s": summary.get("samples_per_s"), "log": str(log)}
+    return {
+        "variant": variant,
+        "trial": trial,
+        "command_s": command_s,
+        "job_s": summary["wall_seconds"],
+        "fixed_s": command_s - summary["wall_seconds"],
+        "samples_per_s": summary.get("samples_per_s"),
+        "log": str(log),
+    }
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -71,8 +98,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return statistics.median(r[key] for r in rows if r["variant"] == variant)
 
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
-    out: dict[str, Any] = {v: {k: median(v, k) for k in ("command_s", "job_s", "fixed_s",
-                                                          "samples_per_s")} for v in variants}
+    out: dict[str, Any] = {
+        v: {k: median(v, k) for k in ("command_s", "job_s", "fixed_s", "samples_per_s")}
+        for v in variants
+    }
     for v in variants[1:]:
         suffix = "" if v == "flow" else f"_{v.replace('-', '_')}"
         out[f"command_ratio{suffix}"] = out[v]["command_s"] / out["plain"]["command_s"]
@@ -90,8 +119,13 @@ def print_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     for col in ("run", "command s", "job s", "command − job s", "RL samples/s"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(r["trial"], f"{r['command_s']:.1f}", f"{r['job_s']:.1f}",
-                      f"{r['fixed_s']:.1f}", f"{r['samples_per_s']:.1f}")
+        table.add_row(
+            r["trial"],
+            f"{r['command_s']:.1f}",
+            f"{r['job_s']:.1f}",
+            f"{r['fixed_s']:.1f}",
+            f"{r['samples_per_s']:.1f}",
+        )
     Console(width=140).print(table)
 
 
@@ -104,9 +138,11 @@ def plot(summary: dict[str, Any], path: Path) -> Path:
     fixed = [summary[v]["fixed_s"] for v in names]
     ax.barh(names, jobs, label="job (data → SFT → RL → eval)")
     ax.barh(names, fixed, left=jobs, label="interpreter, server start/stop")
-    ax.set(xlabel="seconds (median)",
-           title=f"flow/plain: command {summary['command_ratio']:.3f}×, "
-                 f"job {summary['job_ratio']:.3f}×")
+    ax.set(
+        xlabel="seconds (median)",
+        title=f"flow/plain: command {summary['command_ratio']:.3f}×, "
+        f"job {summary['job_ratio']:.3f}×",
+    )
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.savefig(path)
     return path
@@ -121,8 +157,9 @@ def prefect_server(enabled: bool, state_dir: Path) -> Iterator[dict[str, str] | 
     from core.training.distributed import free_port
     from infra.stack import stack_down, stack_up
 
-    info = stack_up(state_dir, prefect_port=free_port(), mlflow_port=free_port(),
-                    s3_port=free_port())
+    info = stack_up(
+        state_dir, prefect_port=free_port(), mlflow_port=free_port(), s3_port=free_port()
+    )
     try:
         yield {"PREFECT_API_URL": info.env()["PREFECT_API_URL"]}
     finally:
@@ -139,8 +176,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("overrides", nargs="*", help="config overrides after the short defaults")
     args = p.parse_args(argv)
     overrides = [*SHORT, *args.overrides]
-    cfg = load_config(args.config, [*overrides, f"cluster.fileroot={args.fileroot}",
-                                    "tracking.mlflow_experiment=benchmarks"])  # validates first
+    cfg = load_config(
+        args.config,
+        [*overrides, f"cluster.fileroot={args.fileroot}", "tracking.mlflow_experiment=benchmarks"],
+    )  # validates first
     if cfg.actor.total_steps < 1:
         p.error("actor.total_steps must be >= 1: the runs are compared on RL throughput too")
     out = Path(args.out).resolve()
@@ -154,20 +193,38 @@ def main(argv: list[str] | None = None) -> None:
             variants["flow-server"] = {**base_env, **server_env}
         for i in range(args.repeats):
             for variant, env in variants.items():
-                row = run_once(variant, args.config, overrides, args.fileroot,
-                               f"ovh-{stamp}-{variant}{i}", out, env)
-                print(f"{row['trial']}: command {row['command_s']:.1f} s, job "
-                      f"{row['job_s']:.1f} s", flush=True)
+                row = run_once(
+                    variant,
+                    args.config,
+                    overrides,
+                    args.fileroot,
+                    f"ovh-{stamp}-{variant}{i}",
+                    out,
+                    env,
+                )
+                print(
+                    f"{row['trial']}: command {row['command_s']:.1f} s, job {row['job_s']:.1f} s",
+                    flush=True,
+                )
                 rows.append(row)
     summary = summarize(rows)
     results = out / "results.json"
-    results.write_text(json.dumps({"rows": rows, "summary": summary, "overrides": overrides},
-                                  indent=2))
+    results.write_text(
+        json.dumps({"rows": rows, "summary": summary, "overrides": overrides}, indent=2)
+    )
     figure = plot(summary, out / "overhead.png")
     with start_run(cfg, run_name=f"orchestration-overhead-{stamp}", tags={"kind": "benchmark"}):
-        mlflow.log_metrics({**_ratios(summary),
-                            **{f"{v}/{k}": summary[v][k] for v in VARIANTS if v in summary
-                               for k in ("command_s", "job_s", "fixed_s")}})
+        mlflow.log_metrics(
+            {
+                **_ratios(summary),
+                **{
+                    f"{v}/{k}": summary[v][k]
+                    for v in VARIANTS
+                    if v in summary
+                    for k in ("command_s", "job_s", "fixed_s")
+                },
+            }
+        )
         mlflow.log_artifact(str(results))
         mlflow.log_artifact(str(figure))
     print_table(rows, summary)

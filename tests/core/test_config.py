@@ -41,11 +41,17 @@ def test_shipped_configs_validate() -> None:
     assert gpu.cluster.n_gpus_per_node == 8
     assert gpu.model.dtype == "bfloat16"
     agent = load_config(ROOT / "experiments" / "agent_tools.yaml")
-    assert agent.rollout.workflow == "core.rollout.agent:ToolAgentWorkflow" and agent.data.synthetic.tool_calls
+    assert (
+        agent.rollout.workflow == "core.rollout.agent:ToolAgentWorkflow"
+        and agent.data.synthetic.tool_calls
+    )
 
 
 def test_dotted_overrides_win_over_yaml() -> None:
-    cfg = load_config(QUICKSTART, ["rollout.max_staleness=7", "cluster.n_nodes=2", "data.synthetic.max_operand=20"])
+    cfg = load_config(
+        QUICKSTART,
+        ["rollout.max_staleness=7", "cluster.n_nodes=2", "data.synthetic.max_operand=20"],
+    )
     assert cfg.rollout.max_staleness == 7
     assert cfg.cluster.n_nodes == 2
     assert cfg.data.synthetic.max_operand == 20
@@ -68,7 +74,10 @@ def test_algorithm_preset_then_field_overrides(tmp_path: Path) -> None:
     dapo = load_config(QUICKSTART, ["algorithm=dapo"])
     grpo = load_config(QUICKSTART)
     assert dapo.algorithm.name == "dapo"
-    assert dapo.algorithm.eps_clip_high is not None and dapo.algorithm.eps_clip_high > dapo.algorithm.eps_clip
+    assert (
+        dapo.algorithm.eps_clip_high is not None
+        and dapo.algorithm.eps_clip_high > dapo.algorithm.eps_clip
+    )
     assert dapo.algorithm.dynamic_sampling and not grpo.algorithm.dynamic_sampling
     # a field override applies on top of the preset, whatever the order on the command line
     tuned = load_config(QUICKSTART, ["algorithm.eps_clip_high=0.4", "algorithm=dapo"])
@@ -145,7 +154,9 @@ def test_flatten_hash_and_yaml_round_trip(tmp_path: Path) -> None:
     assert config_hash(cfg) == config_hash(load_config(QUICKSTART))
     assert config_hash(cfg) != config_hash(load_config(QUICKSTART, ["rollout.max_staleness=1"]))
     # a data-only hash ignores RL knobs (used to cache data preparation)
-    assert config_hash(cfg, ("data",)) == config_hash(load_config(QUICKSTART, ["rollout.max_staleness=1"]), ("data",))
+    assert config_hash(cfg, ("data",)) == config_hash(
+        load_config(QUICKSTART, ["rollout.max_staleness=1"]), ("data",)
+    )
     # the printed YAML loads back to the same config
     again = load_config(write(tmp_path, to_yaml(cfg)))
     assert config_hash(again) == config_hash(cfg)
@@ -161,7 +172,9 @@ def test_every_field_is_documented() -> None:
 
 
 def test_docs_are_generated_from_the_schema() -> None:
-    assert (ROOT / "docs" / "config.md").read_text() == docs_markdown(), "run: asyncrl config docs > docs/config.md"
+    assert (ROOT / "docs" / "config.md").read_text() == docs_markdown(), (
+        "run: asyncrl config docs > docs/config.md"
+    )
 
 
 def test_run_dir_layout() -> None:

@@ -13,14 +13,25 @@ from experiments.benchmarks import orchestration_overhead as ovh
 
 
 def _row(eta: int, threads: int, samples: float, gen: float, train: float, step: float) -> dict:
-    return {"setting": f"eta{eta}-t{threads}", "eta": eta, "threads": threads, "steps": 4,
-            "samples_per_s": samples, "gen_wait_s_per_step": gen, "train_s_per_step": train,
-            "publish_s_per_step": 0.0, "step_s": step}
+    return {
+        "setting": f"eta{eta}-t{threads}",
+        "eta": eta,
+        "threads": threads,
+        "steps": 4,
+        "samples_per_s": samples,
+        "gen_wait_s_per_step": gen,
+        "train_s_per_step": train,
+        "publish_s_per_step": 0.0,
+        "step_s": step,
+    }
 
 
 def test_speedups_and_ceilings_come_from_the_best_sync_setting() -> None:
-    rows = [_row(0, 1, 40.0, 1.0, 2.0, 3.0), _row(0, 2, 60.0, 0.8, 1.2, 2.0),
-            _row(4, 1, 75.0, 0.1, 1.9, 2.0)]
+    rows = [
+        _row(0, 1, 40.0, 1.0, 2.0, 3.0),
+        _row(0, 2, 60.0, 0.8, 1.2, 2.0),
+        _row(4, 1, 75.0, 0.1, 1.9, 2.0),
+    ]
     report = avs.summarize("math", avs.TASKS["math"], rows, "model")
     assert report["best_sync"] == "eta0-t2" and report["best_async"] == "eta4-t1"
     assert [r["speedup_vs_best_sync"] for r in rows] == pytest.approx([40 / 60, 1.0, 1.25])
@@ -32,9 +43,11 @@ def test_speedups_and_ceilings_come_from_the_best_sync_setting() -> None:
 
 
 def test_time_to_target_uses_rl_seconds() -> None:
-    evals = [{"version": 0, "accuracy": 0.3, "rl_s": 7.0},  # before the RL clock: counts as 0
-             {"version": 5, "accuracy": 0.4, "rl_s": 10.0},
-             {"version": 10, "accuracy": 0.5, "rl_s": 20.0}]
+    evals = [
+        {"version": 0, "accuracy": 0.3, "rl_s": 7.0},  # before the RL clock: counts as 0
+        {"version": 5, "accuracy": 0.4, "rl_s": 10.0},
+        {"version": 10, "accuracy": 0.5, "rl_s": 20.0},
+    ]
     timed = avs._train_time_evals(evals)
     assert [e["train_s"] for e in timed] == [0.0, 10.0, 20.0]
     assert avs._first_at(timed, 0.45) == 20.0 and avs._first_at(timed, 0.9) is None
@@ -52,9 +65,17 @@ def test_arguments_are_checked_before_any_work(capsys) -> None:
 
 
 def test_overhead_ratios_use_medians() -> None:
-    rows = [{"variant": v, "command_s": c, "job_s": j, "fixed_s": c - j, "samples_per_s": 50.0}
-            for v, c, j in [("plain", 100, 95), ("flow", 110, 96), ("flow-server", 103, 96),
-                            ("plain", 104, 97), ("flow", 108, 98), ("flow-server", 105, 97)]]
+    rows = [
+        {"variant": v, "command_s": c, "job_s": j, "fixed_s": c - j, "samples_per_s": 50.0}
+        for v, c, j in [
+            ("plain", 100, 95),
+            ("flow", 110, 96),
+            ("flow-server", 103, 96),
+            ("plain", 104, 97),
+            ("flow", 108, 98),
+            ("flow-server", 105, 97),
+        ]
+    ]
     summary = ovh.summarize(rows)
     assert summary["command_ratio"] == pytest.approx(109 / 102)
     assert summary["job_ratio"] == pytest.approx(97 / 96)
@@ -62,18 +83,36 @@ def test_overhead_ratios_use_medians() -> None:
     assert summary["command_ratio_flow_server"] == pytest.approx(104 / 102)
     # Without the server variant there is no ratio for it.
     assert "command_ratio_flow_server" not in ovh.summarize(
-        [r for r in rows if r["variant"] != "flow-server"])
+        [r for r in rows if r["variant"] != "flow-server"]
+    )
 
 
 @pytest.mark.e2e
 def test_async_vs_sync_runs_end_to_end(tmp_path: Path) -> None:
     """η = 0 and η = 1 on a tiny math run: table, JSON, plots and MLflow runs come out."""
     out = tmp_path / "out"
-    avs.main(["--tasks", "math", "--etas", "0,1", "--sync-threads", "1",
-              "--fileroot", str(tmp_path / "runs"), "--out", str(out),
-              "data.n_train=256", "data.n_test=32", "eval.n_problems=32", "sft.steps=20",
-              "actor.total_steps=3", "eval.every_n_steps=2", "rollout.batch_size=4",
-              "algorithm.group_size=4"])
+    avs.main(
+        [
+            "--tasks",
+            "math",
+            "--etas",
+            "0,1",
+            "--sync-threads",
+            "1",
+            "--fileroot",
+            str(tmp_path / "runs"),
+            "--out",
+            str(out),
+            "data.n_train=256",
+            "data.n_test=32",
+            "eval.n_problems=32",
+            "sft.steps=20",
+            "actor.total_steps=3",
+            "eval.every_n_steps=2",
+            "rollout.batch_size=4",
+            "algorithm.group_size=4",
+        ]
+    )
     results = json.loads((out / "results.json").read_text())
     (report,) = results["tasks"]
     assert [r["setting"] for r in report["rows"]] == ["eta0-t1", "eta1-t1"]
@@ -92,9 +131,11 @@ def test_async_vs_sync_runs_end_to_end(tmp_path: Path) -> None:
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     parent = client.get_run(results["mlflow_run_id"])
     assert {"results.json", "throughput_vs_eta.png"} <= {
-        a.path for a in client.list_artifacts(parent.info.run_id)}
+        a.path for a in client.list_artifacts(parent.info.run_id)
+    }
     assert parent.data.metrics["math/speedup_eta1_t1"] == pytest.approx(
-        asynchronous["speedup_vs_best_sync"])
+        asynchronous["speedup_vs_best_sync"]
+    )
     child = client.get_run(asynchronous["mlflow_run_id"])
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
     history = client.get_metric_history(child.info.run_id, "staleness/max")

@@ -17,14 +17,26 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "experiments" / "quickstart.yaml")
 runner = CliRunner()
 
-SMALL = ["data.n_train=200", "data.n_test=40", "eval.n_problems=40", "eval.max_new_tokens=8",
-         "sft.steps=5", "actor.total_steps=2", "rollout.batch_size=4", "algorithm.group_size=2",
-         "rollout.max_new_tokens=8", "eval.every_n_steps=0", "checkpoint.every_n_steps=0"]
+SMALL = [
+    "data.n_train=200",
+    "data.n_test=40",
+    "eval.n_problems=40",
+    "eval.max_new_tokens=8",
+    "sft.steps=5",
+    "actor.total_steps=2",
+    "rollout.batch_size=4",
+    "algorithm.group_size=2",
+    "rollout.max_new_tokens=8",
+    "eval.every_n_steps=0",
+    "checkpoint.every_n_steps=0",
+]
 
 
 @pytest.mark.unit
 def test_unknown_key_exits_2_naming_the_key(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["run", QUICKSTART, "rollout.max_stalenes=3", f"cluster.fileroot={tmp_path}"])
+    result = runner.invoke(
+        app, ["run", QUICKSTART, "rollout.max_stalenes=3", f"cluster.fileroot={tmp_path}"]
+    )
     assert result.exit_code == 2
     assert "rollout.max_stalenes" in result.output and "rollout.max_staleness" in result.output
     assert not any(tmp_path.iterdir())  # nothing was started or written
@@ -39,7 +51,9 @@ def test_wrong_type_exits_2_naming_key_and_type() -> None:
 
 @pytest.mark.unit
 def test_config_show_prints_resolved_values() -> None:
-    result = runner.invoke(app, ["config", "show", QUICKSTART, "rollout.max_staleness=0", "algorithm=dapo"])
+    result = runner.invoke(
+        app, ["config", "show", QUICKSTART, "rollout.max_staleness=0", "algorithm=dapo"]
+    )
     assert result.exit_code == 0, result.output
     assert "max_staleness: 0" in result.output
     assert "name: dapo" in result.output
@@ -80,8 +94,14 @@ def test_run_main_job_writes_summary(tmp_path: Path) -> None:
     assert 0.0 <= summary["accuracy_before"] <= 1.0 and 0.0 <= summary["accuracy_after"] <= 1.0
     assert summary["data"]["n_train"] == 200
     assert summary["sft_final_loss"] is not None
-    for name in ("config.yaml", "model_init/config.json", "sft/config.json", "final/model.safetensors",
-                 "metrics.jsonl", "batches.jsonl"):
+    for name in (
+        "config.yaml",
+        "model_init/config.json",
+        "sft/config.json",
+        "final/model.safetensors",
+        "metrics.jsonl",
+        "batches.jsonl",
+    ):
         assert (run_dir / name).exists(), name
     assert len(Path(summary["data"]["test_url"]).read_text().splitlines()) == 40
     # it ran as a Prefect flow tracked in MLflow (embedded store under the fileroot)
@@ -98,18 +118,28 @@ def test_engine_serve_speaks_sglang_protocol(tmp_path: Path) -> None:
     from core.training.distributed import free_port
     from tests.servers import wait_healthy
 
-    model = create_pretrained("tiny", ["Question: 1+1?\nAnswer: #### 2"] * 20, tmp_path / "m", vocab_size=300, seed=0)
+    model = create_pretrained(
+        "tiny", ["Question: 1+1?\nAnswer: #### 2"] * 20, tmp_path / "m", vocab_size=300, seed=0
+    )
     port = free_port()
     exe = Path(sys.executable).parent / "asyncrl"
-    proc = subprocess.Popen([str(exe), "engine", "serve", "--model", str(model), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [str(exe), "engine", "serve", "--model", str(model), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(f"{url}/health", proc, lambda: proc.stderr.read().decode())
-        reply = httpx.post(f"{url}/generate", json={
-            "input_ids": [5, 6, 7], "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 6, "temperature": 0.0, "stop_token_ids": []},
-        }, timeout=60).json()
+        reply = httpx.post(
+            f"{url}/generate",
+            json={
+                "input_ids": [5, 6, 7],
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 6, "temperature": 0.0, "stop_token_ids": []},
+            },
+            timeout=60,
+        ).json()
         assert len(reply["output_ids"]) == 6
         assert reply["meta_info"]["finish_reason"]["type"] == "length"
         assert [t[1] for t in reply["meta_info"]["output_token_logprobs"]] == reply["output_ids"]

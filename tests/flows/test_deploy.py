@@ -36,14 +36,21 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+def prefect_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, dict[str, str]]]:
     home = tmp_path_factory.mktemp("prefect-server")
     port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
     log = (home / "server.log").open("wb")
-    proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}/api"
     try:
         wait_healthy(f"{url}/health", proc, (home / "server.log").read_text)
@@ -63,9 +70,14 @@ def test_ui_trigger_runs_the_experiment_with_edited_parameters(
     prefect_server: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:
     url, env = prefect_server
-    served = subprocess.Popen([str(BIN / "asyncrl"), "deploy", "--config", QUICKSTART, "--cron", "0 2 * * *"],
-                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              start_new_session=True)
+    served = subprocess.Popen(
+        [str(BIN / "asyncrl"), "deploy", "--config", QUICKSTART, "--cron", "0 2 * * *"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not {"experiment", "nightly-ablation"} <= set(deployments := _deployments(url)):
@@ -78,12 +90,26 @@ def test_ui_trigger_runs_the_experiment_with_edited_parameters(
         assert deployments["experiment"]["parameters"]["config_path"] == QUICKSTART
 
         # What the UI's "Run" button sends, with the overrides edited by the user.
-        overrides = ["data.n_train=120", "data.n_test=16", "eval.n_problems=16", "eval.max_new_tokens=8",
-                     "sft.steps=2", "rollout.batch_size=4", "algorithm.group_size=2", "rollout.max_new_tokens=8",
-                     "eval.every_n_steps=0", "actor.total_steps=2", "rollout.max_staleness=1",
-                     f"cluster.fileroot={tmp_path}", "experiment.trial=from-ui"]
-        created = httpx.post(f"{url}/deployments/{deployments['experiment']['id']}/create_flow_run",
-                             json={"parameters": {"config_path": QUICKSTART, "overrides": overrides}}, timeout=10)
+        overrides = [
+            "data.n_train=120",
+            "data.n_test=16",
+            "eval.n_problems=16",
+            "eval.max_new_tokens=8",
+            "sft.steps=2",
+            "rollout.batch_size=4",
+            "algorithm.group_size=2",
+            "rollout.max_new_tokens=8",
+            "eval.every_n_steps=0",
+            "actor.total_steps=2",
+            "rollout.max_staleness=1",
+            f"cluster.fileroot={tmp_path}",
+            "experiment.trial=from-ui",
+        ]
+        created = httpx.post(
+            f"{url}/deployments/{deployments['experiment']['id']}/create_flow_run",
+            json={"parameters": {"config_path": QUICKSTART, "overrides": overrides}},
+            timeout=10,
+        )
         created.raise_for_status()
         run_id = created.json()["id"]
         deadline = time.monotonic() + 420

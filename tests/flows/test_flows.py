@@ -21,9 +21,19 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "experiments" / "quickstart.yaml")
 TINY = [
-    "data.n_train=120", "data.n_test=16", "eval.n_problems=16", "eval.max_new_tokens=8",
-    "sft.steps=3", "rollout.batch_size=4", "algorithm.group_size=2", "rollout.max_new_tokens=8",
-    "rollout.max_concurrent=16", "algorithm.overlong_buffer_len=4", "eval.every_n_steps=1", "checkpoint.every_n_steps=0", "actor.total_steps=2",
+    "data.n_train=120",
+    "data.n_test=16",
+    "eval.n_problems=16",
+    "eval.max_new_tokens=8",
+    "sft.steps=3",
+    "rollout.batch_size=4",
+    "algorithm.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_concurrent=16",
+    "algorithm.overlong_buffer_len=4",
+    "eval.every_n_steps=1",
+    "checkpoint.every_n_steps=0",
+    "actor.total_steps=2",
 ]
 
 
@@ -46,7 +56,9 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 def client_for(fileroot: Path | str) -> mlflow.MlflowClient:
-    return mlflow.MlflowClient(tracking_uri(load_config(QUICKSTART, [f"cluster.fileroot={fileroot}"])))
+    return mlflow.MlflowClient(
+        tracking_uri(load_config(QUICKSTART, [f"cluster.fileroot={fileroot}"]))
+    )
 
 
 def test_experiment_flow_records_an_mlflow_run(harness: None, tmp_path: Path) -> None:
@@ -65,7 +77,9 @@ def test_experiment_flow_records_an_mlflow_run(harness: None, tmp_path: Path) ->
     history = client_for(tmp_path).get_metric_history(run.info.run_id, "reward/mean")
     assert [m.step for m in history] == [0, 1]
     assert len(client_for(tmp_path).get_metric_history(run.info.run_id, "sft/loss")) == 3
-    assert len(client_for(tmp_path).get_metric_history(run.info.run_id, "eval/accuracy")) == 3  # v0, v1, v2
+    assert (
+        len(client_for(tmp_path).get_metric_history(run.info.run_id, "eval/accuracy")) == 3
+    )  # v0, v1, v2
     artifacts = {a.path for a in client_for(tmp_path).list_artifacts(run.info.run_id)}
     assert {"config.yaml", "summary.json"} <= artifacts
     on_disk = json.loads((tmp_path / "quickstart" / "e1" / "summary.json").read_text())
@@ -79,23 +93,34 @@ def test_data_preparation_is_cached_by_config_hash(harness: None, tmp_path: Path
     cfg = load_config(QUICKSTART, [*TINY, f"cluster.fileroot={tmp_path}"])
     first, second = prepare_data_task(cfg), prepare_data_task(cfg)
     assert not first.cached and second.cached and first.train_url == second.train_url
-    other = prepare_data_task(load_config(QUICKSTART, [*TINY, f"cluster.fileroot={tmp_path}", "data.n_train=60"]))
+    other = prepare_data_task(
+        load_config(QUICKSTART, [*TINY, f"cluster.fileroot={tmp_path}", "data.n_train=60"])
+    )
     assert not other.cached and other.train_url != first.train_url
 
 
 def test_ablation_produces_comparison_artifacts(harness: None, tmp_path: Path) -> None:
     from flows.ablation import ablation
 
-    result = ablation(QUICKSTART, [*TINY, f"cluster.fileroot={tmp_path}", "eval.every_n_steps=0"],
-                      ["grpo", "ppo", "dapo"], 1)
+    result = ablation(
+        QUICKSTART,
+        [*TINY, f"cluster.fileroot={tmp_path}", "eval.every_n_steps=0"],
+        ["grpo", "ppo", "dapo"],
+        1,
+    )
     assert [row["algorithm"] for row in result["table"]] == ["grpo", "ppo", "dapo"]
     assert Path(result["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     client = client_for(tmp_path)
     parent = client.get_run(result["mlflow_parent_run_id"])
-    children = client.search_runs([parent.info.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+    )
     assert sorted(r.data.tags["algorithm"] for r in children) == ["dapo", "grpo", "ppo"]
-    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"curves.png", "comparison.md"}
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {
+        "curves.png",
+        "comparison.md",
+    }
     summary = json.loads((Path(result["output_dir"]) / "summary.json").read_text())
     assert len(summary["runs"]) == 3
 
@@ -104,8 +129,10 @@ def test_sweep_leaves_a_study_and_child_runs(harness: None, tmp_path: Path) -> N
     from flows.sweep import sweep
 
     space = tmp_path / "space.yaml"
-    space.write_text("params:\n  rollout.max_staleness: {type: categorical, choices: [0, 2]}\n"
-                     "  algorithm.lr: {type: float, low: 1.0e-4, high: 1.0e-3, log: true}\n")
+    space.write_text(
+        "params:\n  rollout.max_staleness: {type: categorical, choices: [0, 2]}\n"
+        "  algorithm.lr: {type: float, low: 1.0e-4, high: 1.0e-3, log: true}\n"
+    )
     result = sweep(QUICKSTART, str(space), [*TINY, f"cluster.fileroot={tmp_path}"], n_trials=3)
     study = optuna.load_study(study_name=result["study_name"], storage=result["storage"])
     assert len(study.trials) == 3
@@ -113,8 +140,10 @@ def test_sweep_leaves_a_study_and_child_runs(harness: None, tmp_path: Path) -> N
     assert states <= {optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED}
     client = client_for(tmp_path)
     parent = client.get_run(result["mlflow_parent_run_id"])
-    children = client.search_runs([parent.info.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+    )
     assert len(children) == 3
     assert {r.data.tags["optuna_state"] for r in children} == {t.state.name for t in study.trials}
     if result["best"] is not None:
@@ -122,21 +151,37 @@ def test_sweep_leaves_a_study_and_child_runs(harness: None, tmp_path: Path) -> N
 
 
 def test_s3_fileroot_puts_checkpoints_and_artifacts_in_the_bucket(
-    harness: None, tmp_path: Path, s3_endpoint: str, s3_bucket: str, s3_storage_options: dict[str, Any],
+    harness: None,
+    tmp_path: Path,
+    s3_endpoint: str,
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import fsspec
 
     from flows.experiment import experiment
 
-    for key, value in {"AWS_ENDPOINT_URL": s3_endpoint, "MLFLOW_S3_ENDPOINT_URL": s3_endpoint,
-                       "AWS_ACCESS_KEY_ID": s3_storage_options["key"],
-                       "AWS_SECRET_ACCESS_KEY": s3_storage_options["secret"], "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for key, value in {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "MLFLOW_S3_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": s3_storage_options["key"],
+        "AWS_SECRET_ACCESS_KEY": s3_storage_options["secret"],
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(key, value)
     fsspec.filesystem("s3").clear_instance_cache()
     fileroot = f"s3://{s3_bucket}/runs"
-    result = experiment(QUICKSTART, [*TINY, f"cluster.fileroot={fileroot}", "experiment.trial=s3",
-                                     "checkpoint.every_n_steps=2", f"tracking.mlflow_uri=sqlite:///{tmp_path}/mlflow.db"])
+    result = experiment(
+        QUICKSTART,
+        [
+            *TINY,
+            f"cluster.fileroot={fileroot}",
+            "experiment.trial=s3",
+            "checkpoint.every_n_steps=2",
+            f"tracking.mlflow_uri=sqlite:///{tmp_path}/mlflow.db",
+        ],
+    )
     fs = fsspec.filesystem("s3", **s3_storage_options)
     assert result["checkpoint_url"].startswith(f"s3://{s3_bucket}/")
     assert fs.exists(f"{s3_bucket}/runs/quickstart/s3/checkpoints/step-000002/COMMITTED")

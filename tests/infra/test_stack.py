@@ -49,7 +49,9 @@ def _gone(pid: int) -> bool:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
     state_dir = tmp_path_factory.mktemp("stack")
     prefect, mlflow_port, s3 = _free_ports(3)
-    info = stack_up(state_dir, prefect_port=prefect, mlflow_port=mlflow_port, s3_port=s3, bucket="asyncrl-test")
+    info = stack_up(
+        state_dir, prefect_port=prefect, mlflow_port=mlflow_port, s3_port=s3, bucket="asyncrl-test"
+    )
     try:
         yield info
     finally:
@@ -70,7 +72,9 @@ def test_services_healthy(stack: StackInfo, s3: Any) -> None:
     assert _get(f"{services['mlflow'].url}/health") == (200, "OK")
     assert "asyncrl-test" in [b["Name"] for b in s3.list_buckets()["Buckets"]]
     record = json.loads((Path(stack.state_dir) / "stack.json").read_text())
-    assert {name: svc["pid"] for name, svc in record["services"].items()} == {n: s.pid for n, s in services.items()}
+    assert {name: svc["pid"] for name, svc in record["services"].items()} == {
+        n: s.pid for n, s in services.items()
+    }
     for service in services.values():
         assert Path(service.log).is_file() and Path(service.log).parent.name == "logs"
 
@@ -86,7 +90,11 @@ def test_env(stack: StackInfo) -> None:
     s = stack.services
     assert env["PREFECT_API_URL"] == f"http://127.0.0.1:{s['prefect'].port}/api"
     assert env["MLFLOW_TRACKING_URI"] == f"http://127.0.0.1:{s['mlflow'].port}"
-    assert env["AWS_ENDPOINT_URL"] == env["MLFLOW_S3_ENDPOINT_URL"] == f"http://127.0.0.1:{s['s3'].port}"
+    assert (
+        env["AWS_ENDPOINT_URL"]
+        == env["MLFLOW_S3_ENDPOINT_URL"]
+        == f"http://127.0.0.1:{s['s3'].port}"
+    )
     assert env["AWS_ACCESS_KEY_ID"] and env["AWS_SECRET_ACCESS_KEY"] and env["AWS_DEFAULT_REGION"]
     assert env["ASYNCRL_FILEROOT"] == "s3://asyncrl-test/runs"
 
@@ -111,7 +119,12 @@ def test_mlflow_artifacts_land_in_bucket(stack: StackInfo, s3: Any, tmp_path: Pa
     run = client.create_run(experiment_id, run_name="proxied")
     client.log_text(run.info.run_id, "hello", "notes/hello.txt")
     client.set_terminated(run.info.run_id)
-    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="asyncrl-test", Prefix="mlartifacts/").get("Contents", [])]
+    keys = [
+        o["Key"]
+        for o in s3.list_objects_v2(Bucket="asyncrl-test", Prefix="mlartifacts/").get(
+            "Contents", []
+        )
+    ]
     assert f"mlartifacts/{experiment_id}/{run.info.run_id}/artifacts/notes/hello.txt" in keys
 
     # 2. tasks.tracking with the stack's environment and an s3:// fileroot: the experiment's
@@ -129,7 +142,9 @@ def test_mlflow_artifacts_land_in_bucket(stack: StackInfo, s3: Any, tmp_path: Pa
             run_id = active.info.run_id
     finally:
         mlflow.set_tracking_uri(None)  # type: ignore[arg-type]
-    body = s3.get_object(Bucket="asyncrl-test", Key=f"runs/mlartifacts/{run_id}/artifacts/config.yaml")["Body"].read()
+    body = s3.get_object(
+        Bucket="asyncrl-test", Key=f"runs/mlartifacts/{run_id}/artifacts/config.yaml"
+    )["Body"].read()
     assert b"max_staleness: 4" in body
     assert client.get_run(run_id).data.tags["algorithm"] == "grpo"
 
@@ -141,7 +156,11 @@ def test_down_stops_everything(stack: StackInfo) -> None:
     assert all(_gone(pid) for pid in pids)
     assert not (state_dir / "stack.json").exists()
     stack_down(state_dir)  # idempotent
-    assert stack_status(state_dir) == {"running": False, "state_dir": str(state_dir), "services": {}}
+    assert stack_status(state_dir) == {
+        "running": False,
+        "state_dir": str(state_dir),
+        "services": {},
+    }
 
 
 def test_failed_start_cleans_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -151,7 +170,9 @@ def test_failed_start_cleans_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     broken.write_text("#!/bin/sh\necho 'boom: cannot start'\nexit 3\n")
     broken.chmod(0o755)
     real = stack_module._executable
-    monkeypatch.setattr(stack_module, "_executable", lambda name: str(broken) if name == "prefect" else real(name))
+    monkeypatch.setattr(
+        stack_module, "_executable", lambda name: str(broken) if name == "prefect" else real(name)
+    )
     spawned: list[int] = []
     real_spawn = stack_module._spawn
 
@@ -163,7 +184,9 @@ def test_failed_start_cleans_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(stack_module, "_spawn", spawn)
     state_dir = tmp_path / "state"
     prefect, mlflow_port, s3 = _free_ports(3)
-    with pytest.raises(StackError, match=r"prefect exited during start-up(.|\n)*boom: cannot start"):
+    with pytest.raises(
+        StackError, match=r"prefect exited during start-up(.|\n)*boom: cannot start"
+    ):
         stack_up(state_dir, prefect_port=prefect, mlflow_port=mlflow_port, s3_port=s3, timeout_s=60)
     assert not (state_dir / "stack.json").exists()
     log = (state_dir / "logs" / "s3.log").read_text()

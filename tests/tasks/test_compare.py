@@ -39,7 +39,9 @@ def _log_run(client: MlflowClient, experiment_id: str, algorithm: str, seed: int
                     Metric("staleness/mean", 1.0 + seed / 2, 1000 + step, step),
                     Metric("staleness/max", float(step % 4), 1000 + step, step)]  # fmt: skip
     for step in (0, 10, 20):
-        metrics.append(Metric("eval/accuracy", 0.3 + (curve_end - 0.3) * step / 20, 2000 + step, step))
+        metrics.append(
+            Metric("eval/accuracy", 0.3 + (curve_end - 0.3) * step / 20, 2000 + step, step)
+        )
     if final is not None:
         metrics += [Metric(f"final/{k}", v, 3000, 0) for k, v in
                     {"accuracy_after": final, "samples_per_s": 10.0 * seed, "mean_staleness": 0.5 * seed,
@@ -54,7 +56,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
     client = MlflowClient(tracking_uri=uri)
     experiment_id = client.create_experiment(EXPERIMENT, artifact_location="file:///nonexistent")
-    parent = client.create_run(experiment_id, run_name="ablation", tags={"algorithm": "grpo", "kind": "ablation"})
+    parent = client.create_run(
+        experiment_id, run_name="ablation", tags={"algorithm": "grpo", "kind": "ablation"}
+    )
     for (algorithm, seed), final in FINAL.items():
         _log_run(client, experiment_id, algorithm, seed, final, parent.info.run_id, final)
     client.set_terminated(parent.info.run_id)
@@ -65,8 +69,15 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
 def test_collect_runs_by_parent_and_algorithm(store: Store) -> None:
     records = collect_runs(store.uri, EXPERIMENT, parent_run_id=store.parent_id)
     assert sorted((r.algorithm, r.seed) for r in records) == sorted(FINAL)
-    records = collect_runs(store.uri, EXPERIMENT, algorithms=["ppo", "dapo"], parent_run_id=store.parent_id)
-    assert [(r.algorithm, r.seed) for r in records] == [("ppo", 1), ("ppo", 2), ("dapo", 1), ("dapo", 2)]
+    records = collect_runs(
+        store.uri, EXPERIMENT, algorithms=["ppo", "dapo"], parent_run_id=store.parent_id
+    )
+    assert [(r.algorithm, r.seed) for r in records] == [
+        ("ppo", 1),
+        ("ppo", 2),
+        ("dapo", 1),
+        ("dapo", 2),
+    ]
     grpo = collect_runs(store.uri, EXPERIMENT, algorithms=["grpo"])
     # Without a parent: the ablation's children plus the stray run, never the parent itself.
     assert {r.run_id for r in grpo} >= {store.stray_id}
@@ -83,7 +94,12 @@ def test_record_fields(store: Store) -> None:
     assert run.run_name == "grpo-s2" and run.status == "FINISHED"
     assert run.final_accuracy == pytest.approx(0.54)
     assert run.final_reward == pytest.approx(0.44)
-    assert (run.samples_per_s, run.mean_staleness, run.max_staleness, run.wall_seconds) == (20.0, 1.0, 4.0, 102.0)
+    assert (run.samples_per_s, run.mean_staleness, run.max_staleness, run.wall_seconds) == (
+        20.0,
+        1.0,
+        4.0,
+        102.0,
+    )
     assert [s for s, _ in run.accuracy_curve] == [0, 10, 20]
     assert [s for s, _ in run.reward_curve] == list(range(STEPS))
     # A failed run without a summary falls back to its histories.
@@ -105,11 +121,15 @@ def test_comparison_table(store: Store) -> None:
     assert grpo["final_accuracy_std"] == pytest.approx(math.sqrt(2 * 0.02**2))
     assert ppo["final_accuracy"] == pytest.approx(0.43)
     assert ppo["final_accuracy_std"] == pytest.approx(math.sqrt(2 * 0.03**2))
-    assert dapo["final_accuracy"] == pytest.approx(0.60) and dapo["final_accuracy_std"] == pytest.approx(0.0)
+    assert dapo["final_accuracy"] == pytest.approx(0.60) and dapo[
+        "final_accuracy_std"
+    ] == pytest.approx(0.0)
     assert dapo["final_reward"] == pytest.approx(0.50)
     assert grpo["samples_per_s"] == pytest.approx(15.0)
     assert grpo["samples_per_s_std"] == pytest.approx(math.sqrt(50.0))
-    assert grpo["mean_staleness"] == pytest.approx(0.75) and grpo["max_staleness"] == pytest.approx(3.5)
+    assert grpo["mean_staleness"] == pytest.approx(0.75) and grpo["max_staleness"] == pytest.approx(
+        3.5
+    )
     assert grpo["wall_seconds"] == pytest.approx(101.5)
 
 

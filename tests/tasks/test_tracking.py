@@ -48,7 +48,9 @@ def test_locations(config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     config.cluster.fileroot = "s3://bucket/runs/"
     uri = tracking.tracking_uri(config)
-    assert uri.startswith(f"sqlite:///{tmp_path}/cache/asyncrl/mlflow/") and uri.endswith("/mlflow.db")
+    assert uri.startswith(f"sqlite:///{tmp_path}/cache/asyncrl/mlflow/") and uri.endswith(
+        "/mlflow.db"
+    )
     config.cluster.fileroot = "s3://bucket/runs"  # a trailing slash names the same root
     assert tracking.tracking_uri(config) == uri
     config.cluster.fileroot = "s3://other/runs"
@@ -70,11 +72,17 @@ def test_is_secret_key(key: str, secret: bool) -> None:
 
 
 def test_redaction() -> None:
-    assert tracking.redact_value(f"postgresql://me:{SECRET}@db:5432/x") == "postgresql://me:***@db:5432/x"
+    assert (
+        tracking.redact_value(f"postgresql://me:{SECRET}@db:5432/x")
+        == "postgresql://me:***@db:5432/x"
+    )
     assert tracking.redact_value("s3://bucket/path:with/colon@x") == "s3://bucket/path:with/colon@x"
     assert tracking.redact_value(f"https://h/x?a=1&token={SECRET}") == "https://h/x?a=1&token=***"
     assert tracking.redact_value("id AKIAABCDEFGHIJKLMNOP") == "id ***"
-    assert tracking.redact_value("plain text, http://host:80/path") == "plain text, http://host:80/path"
+    assert (
+        tracking.redact_value("plain text, http://host:80/path")
+        == "plain text, http://host:80/path"
+    )
     out = tracking.redact({"aws_secret_access_key": SECRET, "api_key": "", "n": 3,
                            "nested": {"password": SECRET, "url": f"redis://:{SECRET}@h"}})  # fmt: skip
     assert out == {"aws_secret_access_key": "***", "api_key": "", "n": 3,
@@ -142,15 +150,27 @@ def test_sink_metric_history(config: Config) -> None:
     with start_run(config) as run:
         sink = MLflowSink(run.info.run_id)
         for step in range(5):
-            sink.log_metrics({"reward/mean": 0.1 * step, "eval/acc@1": 1.0 + step,
-                              "bad/nan": math.nan, "bad/inf": math.inf,
-                              "bad/none": None, "bad/str": "x"}, step)  # type: ignore[dict-item]
+            sink.log_metrics(
+                {
+                    "reward/mean": 0.1 * step,
+                    "eval/acc@1": 1.0 + step,
+                    "bad/nan": math.nan,
+                    "bad/inf": math.inf,
+                    "bad/none": None,
+                    "bad/str": "x",
+                },
+                step,
+            )  # type: ignore[dict-item]
         sink.log_metrics({}, 5)
         assert sink.failures == 0
     client = _client(config)
     history = client.get_metric_history(run.info.run_id, "reward/mean")
-    assert [(m.step, round(m.value, 6)) for m in history] == [(s, round(0.1 * s, 6)) for s in range(5)]
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/acc_1")] == list(range(5))
+    assert [(m.step, round(m.value, 6)) for m in history] == [
+        (s, round(0.1 * s, 6)) for s in range(5)
+    ]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/acc_1")] == list(
+        range(5)
+    )
     assert not any(k.startswith("bad/") for k in client.get_run(run.info.run_id).data.metrics)
 
 
@@ -201,7 +221,11 @@ def test_log_summary(config: Config, tmp_path: Path) -> None:
     assert [a.path for a in client.list_artifacts(run.info.run_id, "plots")] == ["plots/curves.png"]
     assert {a.path for a in client.list_artifacts(run.info.run_id, "model")} == {
         "model/config.json", "model/model.safetensors"}  # fmt: skip
-    saved = json.loads(Path(client.download_artifacts(run.info.run_id, "summary.json", str(tmp_path / "d"))).read_text())
+    saved = json.loads(
+        Path(
+            client.download_artifacts(run.info.run_id, "summary.json", str(tmp_path / "d"))
+        ).read_text()
+    )
     assert saved["accuracy_after"] == 0.55 and saved["evals"] == [{"accuracy": 0.41}]
 
 
@@ -235,5 +259,7 @@ def test_artifacts_land_in_s3(config: Config, tmp_path: Path, s3_endpoint: str, 
     listed = s3_client.list_objects_v2(Bucket=s3_bucket, Prefix=prefix)
     keys = {obj["Key"].removeprefix(prefix) for obj in listed.get("Contents", [])}
     assert {"config.yaml", "summary.json", "curves.png"} <= keys
-    body = s3_client.get_object(Bucket=s3_bucket, Key=prefix + "config.yaml")["Body"].read().decode()
+    body = (
+        s3_client.get_object(Bucket=s3_bucket, Key=prefix + "config.yaml")["Body"].read().decode()
+    )
     assert "max_staleness: 4" in body and SECRET not in body

@@ -32,7 +32,11 @@ def tokenizer():
 
 
 def test_tokenizer_special_tokens_and_digit_split(tokenizer) -> None:
-    assert tokenizer.pad_token == "<pad>" and tokenizer.eos_token == "<eos>" and tokenizer.bos_token == "<bos>"
+    assert (
+        tokenizer.pad_token == "<pad>"
+        and tokenizer.eos_token == "<eos>"
+        and tokenizer.bos_token == "<bos>"
+    )
     assert len({tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id}) == 3
     tokens = tokenizer.tokenize("1234")
     assert [t.lstrip("Ġ") for t in tokens] == ["1", "2", "3", "4"]

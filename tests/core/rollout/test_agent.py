@@ -24,7 +24,9 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    corpus = ["Question: Finn has 7 beads. He gives away 2. Then 3 times as many.\nAnswer: 7-2=5. #### 15"] * 20
+    corpus = [
+        "Question: Finn has 7 beads. He gives away 2. Then 3 times as many.\nAnswer: 7-2=5. #### 15"
+    ] * 20
     return train_tokenizer(corpus, vocab_size=300)
 
 
@@ -54,21 +56,36 @@ class ScriptedEngine:
 
 def workflow(tokenizer, latency: float = 0.0, max_turns: int = 4, max_new_tokens: int = 200):
     return ToolAgentWorkflow(
-        tokenizer, "core.rewards.gsm8k:gsm8k_reward", SamplingParams(max_new_tokens),
-        toolbox=ToolBox(SandboxLimits(wall_time_s=5), latency_s=latency), max_turns=max_turns,
+        tokenizer,
+        "core.rewards.gsm8k:gsm8k_reward",
+        SamplingParams(max_new_tokens),
+        toolbox=ToolBox(SandboxLimits(wall_time_s=5), latency_s=latency),
+        max_turns=max_turns,
     )
 
 
-SAMPLE = {"id": "q1", "question": "Finn has 7 beads. He gives away 2. Then 3 times as many.", "answer": "#### 15"}
+SAMPLE = {
+    "id": "q1",
+    "question": "Finn has 7 beads. He gives away 2. Then 3 times as many.",
+    "answer": "#### 15",
+}
 
 
 def masked_text(tokenizer, traj, value: int) -> str:
-    return tokenizer.decode([t for t, m in zip(traj.input_ids[traj.prompt_len:], traj.loss_mask[traj.prompt_len:]) if m == value])
+    return tokenizer.decode(
+        [
+            t
+            for t, m in zip(traj.input_ids[traj.prompt_len :], traj.loss_mask[traj.prompt_len :])
+            if m == value
+        ]
+    )
 
 
 def test_tool_call_result_masked_and_rewarded(tokenizer) -> None:
     # The first turn keeps "talking" after its call; those tokens must be cut off.
-    engine = ScriptedEngine(tokenizer, ["7-2=<calc>7-2</calc> ignored words", "5*3=<calc>5*3</calc>", " #### 15"])
+    engine = ScriptedEngine(
+        tokenizer, ["7-2=<calc>7-2</calc> ignored words", "5*3=<calc>5*3</calc>", " #### 15"]
+    )
     traj = asyncio.run(workflow(tokenizer).run_episode(engine, SAMPLE))
     assert traj.metadata["turns"] == 3
     assert traj.reward == 1.0
@@ -77,7 +94,11 @@ def test_tool_call_result_masked_and_rewarded(tokenizer) -> None:
     assert "ignored" not in traj.metadata["completion"]
     gen = [i for i, m in enumerate(traj.loss_mask) if m]
     assert all(traj.logprobs[i] == -0.5 and traj.versions[i] == 3 for i in gen)
-    assert all(traj.versions[i] == -1 and traj.logprobs[i] == 0.0 for i, m in enumerate(traj.loss_mask) if not m)
+    assert all(
+        traj.versions[i] == -1 and traj.logprobs[i] == 0.0
+        for i, m in enumerate(traj.loss_mask)
+        if not m
+    )
     # the second turn saw prompt + first turn + tool result as context
     second = engine.requests[1].input_ids
     assert tokenizer.decode(second).endswith("7-2=<calc>7-2</calc><result>5</result>")
@@ -94,9 +115,14 @@ def test_tool_result_numbers_do_not_count_as_the_answer(tokenizer) -> None:
 
 
 def test_python_tool_and_errors(tokenizer) -> None:
-    engine = ScriptedEngine(tokenizer, ["<python>print(5*3)</python>", "<calc>1/0</calc>", " #### 15"])
+    engine = ScriptedEngine(
+        tokenizer, ["<python>print(5*3)</python>", "<calc>1/0</calc>", " #### 15"]
+    )
     traj = asyncio.run(workflow(tokenizer).run_episode(engine, SAMPLE))
-    assert masked_text(tokenizer, traj, 0) == "<result>15</result><result>error: division by zero</result>"
+    assert (
+        masked_text(tokenizer, traj, 0)
+        == "<result>15</result><result>error: division by zero</result>"
+    )
     assert traj.reward == 1.0
 
 
@@ -132,8 +158,13 @@ def test_agent_episode_on_the_real_engine(tmp_path) -> None:
     tok = load_tokenizer(model_dir)
     engine = HFEngine.from_pretrained(model_dir, seed=0)
     try:
-        wf = ToolAgentWorkflow(tok, "core.rewards.gsm8k:gsm8k_reward", SamplingParams(24),
-                               toolbox=ToolBox(SandboxLimits(wall_time_s=5)), max_turns=3)
+        wf = ToolAgentWorkflow(
+            tok,
+            "core.rewards.gsm8k:gsm8k_reward",
+            SamplingParams(24),
+            toolbox=ToolBox(SandboxLimits(wall_time_s=5)),
+            max_turns=3,
+        )
 
         async def episodes():
             return await asyncio.gather(*(wf.run_episode(engine, SAMPLE) for _ in range(4)))
@@ -143,7 +174,11 @@ def test_agent_episode_on_the_real_engine(tmp_path) -> None:
             assert 0 < len(gen) <= 24 and traj.metadata["turns"] >= 1
             assert all(traj.versions[i] == 0 for i in gen)
             assert all(traj.versions[i] == -1 for i, m in enumerate(traj.loss_mask) if not m)
-            assert traj.input_ids[: traj.prompt_len] == tok(render_prompt(SAMPLE["question"], "plain"),
-                                                            add_special_tokens=False)["input_ids"]
+            assert (
+                traj.input_ids[: traj.prompt_len]
+                == tok(render_prompt(SAMPLE["question"], "plain"), add_special_tokens=False)[
+                    "input_ids"
+                ]
+            )
     finally:
         engine.close()

@@ -81,7 +81,9 @@ class TickEngine:
 class EchoWorkflow:
     """Generates ``n_tokens`` and rewards by sample; can reject or raise on chosen samples."""
 
-    def __init__(self, n_tokens: int = 8, reject: set[str] = frozenset(), fail: set[str] = frozenset()):
+    def __init__(
+        self, n_tokens: int = 8, reject: set[str] = frozenset(), fail: set[str] = frozenset()
+    ):
         self.n_tokens = n_tokens
         self.reject = reject
         self.fail = fail
@@ -90,7 +92,9 @@ class EchoWorkflow:
         if sample["id"] in self.fail:
             raise ValueError(f"tool crashed on {sample['id']}")
         prompt = [1, 2, 3]
-        response = await generate_resuming(engine, GenerationRequest(prompt, SamplingParams(self.n_tokens)))
+        response = await generate_resuming(
+            engine, GenerationRequest(prompt, SamplingParams(self.n_tokens))
+        )
         if sample["id"] in self.reject:
             return None
         n = len(response.output_ids)
@@ -148,9 +152,18 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, timeout=60))
 
 
-def make(engine, workflow, *, eta: int, batch_size: int = 4, group_size: int = 2, **kw) -> RolloutExecutor:
-    return RolloutExecutor(engine, workflow, batch_size=batch_size, group_size=group_size,
-                           max_staleness=eta, max_concurrent=64, **kw)
+def make(
+    engine, workflow, *, eta: int, batch_size: int = 4, group_size: int = 2, **kw
+) -> RolloutExecutor:
+    return RolloutExecutor(
+        engine,
+        workflow,
+        batch_size=batch_size,
+        group_size=group_size,
+        max_staleness=eta,
+        max_concurrent=64,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("eta", [0, 1, 2, 4])
@@ -191,8 +204,13 @@ def test_interrupted_episodes_mix_versions() -> None:
 
     batches, engine = run(main())
     assert engine.aborts > 0
-    mixed = [t for b in batches for g in b for t in g.trajectories
-             if len({v for v, m in zip(t.versions, t.loss_mask) if m}) > 1]
+    mixed = [
+        t
+        for b in batches
+        for g in b
+        for t in g.trajectories
+        if len({v for v, m in zip(t.versions, t.loss_mask) if m}) > 1
+    ]
     assert mixed, "some episode should span a weight update"
     for t in mixed:
         generated = [v for v, m in zip(t.versions, t.loss_mask) if m]
@@ -245,8 +263,12 @@ def test_rejected_and_failed_groups_free_their_slots_without_deadlock() -> None:
 def test_group_filter_drops_uniform_groups() -> None:
     async def main():
         engine = TickEngine()
-        executor = make(engine, EchoWorkflow(n_tokens=2), eta=0,
-                        group_filter=lambda g: len(set(g.rewards)) > 1 or g.sample_id.endswith("1"))
+        executor = make(
+            engine,
+            EchoWorkflow(n_tokens=2),
+            eta=0,
+            group_filter=lambda g: len(set(g.rewards)) > 1 or g.sample_id.endswith("1"),
+        )
         executor.start(sample_stream())
         batches = await scripted_learner(executor, engine, steps=3)
         check_counters(executor)
@@ -262,8 +284,9 @@ def test_group_filter_drops_uniform_groups() -> None:
 def test_too_many_failures_stop_the_run_with_a_clear_error() -> None:
     async def main():
         engine = TickEngine()
-        executor = make(engine, EchoWorkflow(fail={f"s{i}" for i in range(1000)}), eta=0,
-                        max_failure_rate=0.2)
+        executor = make(
+            engine, EchoWorkflow(fail={f"s{i}" for i in range(1000)}), eta=0, max_failure_rate=0.2
+        )
         executor.start(sample_stream())
         with pytest.raises(RolloutError, match="max_failure_rate=0.2.*tool crashed"):
             await executor.prepare_batch(timeout_s=20)
@@ -280,7 +303,9 @@ def test_recover_restarts_accepted_at_v_times_b() -> None:
         await engine.pause()
         await engine.update_weights(WeightSource(state_dict={}), 5)
         await engine.resume()
-        executor.recover(5, {"submitted": 12, "consumed": 10, "rejected": 1, "staleness": {"0": 4, "1": 6}})
+        executor.recover(
+            5, {"submitted": 12, "consumed": 10, "rejected": 1, "staleness": {"0": 4, "1": 6}}
+        )
         assert executor.counters.accepted == 10 and executor.counters.running == 0
         assert executor.capacity() == (1 + 5 + 1) * 2 - 10
         executor.start(sample_stream())

@@ -41,8 +41,10 @@ def test_user_errors_are_results_with_a_short_reason() -> None:
 
 
 def test_common_stdlib_still_works() -> None:
-    code = "import asyncio, collections, fractions, statistics, subprocess, tempfile\n" \
-           "asyncio.run(asyncio.sleep(0)); print(fractions.Fraction(1, 3) * 3)"
+    code = (
+        "import asyncio, collections, fractions, statistics, subprocess, tempfile\n"
+        "asyncio.run(asyncio.sleep(0)); print(fractions.Fraction(1, 3) * 3)"
+    )
     result = run(code)
     assert result.ok, result.error
     assert result.output == "1\n"
@@ -64,7 +66,9 @@ def test_cpu_time_limit() -> None:
     assert result.error == "cpu time limit (1 s)"
 
 
-@pytest.mark.parametrize("code", ["bytearray(2**33)", "x = []\nwhile True:\n    x.append(bytearray(2**20))"])
+@pytest.mark.parametrize(
+    "code", ["bytearray(2**33)", "x = []\nwhile True:\n    x.append(bytearray(2**20))"]
+)
 def test_memory_limit(code: str) -> None:
     result = run(code, SandboxLimits(wall_time_s=10.0, memory_mb=128))
     assert not result.ok and not result.timed_out
@@ -93,7 +97,9 @@ def test_network_is_blocked_and_nothing_connects() -> None:
 def test_own_network_namespace_when_the_kernel_allows_it() -> None:
     if not netns_available():
         pytest.skip("no network namespaces here: only the audit hook blocks the network")
-    result = run("import os, socket\nprint(os.readlink('/proc/self/ns/net'), socket.if_nameindex())")
+    result = run(
+        "import os, socket\nprint(os.readlink('/proc/self/ns/net'), socket.if_nameindex())"
+    )
     assert result.ok, result.error
     namespace, interfaces = result.output.split(" ", 1)
     assert namespace != os.readlink("/proc/self/ns/net")
@@ -128,8 +134,10 @@ def test_cannot_write_outside_its_dir_but_can_inside(tmp_path: Path) -> None:
     assert not owned.exists() and not shared.exists()
     assert victim.read_text() == "keep me" and oct(victim.stat().st_mode)[-3:] != "777"
 
-    inside = run("import os\nopen(os.devnull, 'w').write('x')\nos.mkdir('d')\nopen('d/f.txt', 'w').write('hi')\nos.rename('d/f.txt', 'g.txt')\n"
-                 "print(open('g.txt').read(), sorted(os.listdir('.')))\nos.remove('g.txt')")
+    inside = run(
+        "import os\nopen(os.devnull, 'w').write('x')\nos.mkdir('d')\nopen('d/f.txt', 'w').write('hi')\nos.rename('d/f.txt', 'g.txt')\n"
+        "print(open('g.txt').read(), sorted(os.listdir('.')))\nos.remove('g.txt')"
+    )
     assert inside.ok, inside.error
     assert inside.output == "hi ['d', 'g.txt']\n"
 
@@ -163,17 +171,20 @@ def test_output_is_truncated_with_a_marker() -> None:
     assert re.search(r"\[truncated 99901 bytes\]$", result.output)
 
 
-@pytest.mark.parametrize("code", [
-    "import os\nos.fork()",
-    "import subprocess\nsubprocess.run(['echo', 'hi'])",
-    "import os\nos.system('echo hi')",
-    "import os\nos.posix_spawn('/bin/echo', ['echo', 'hi'], {})",
-    "import os\nos.execv('/bin/echo', ['echo', 'hi'])",
-    "import _posixsubprocess\n_posixsubprocess.fork_exec()",
-    "import multiprocessing\nmultiprocessing.Process(target=print).start()",
-    "import os, signal\nos.kill(os.getppid(), signal.SIGTERM)",
-    "import ctypes",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os\nos.fork()",
+        "import subprocess\nsubprocess.run(['echo', 'hi'])",
+        "import os\nos.system('echo hi')",
+        "import os\nos.posix_spawn('/bin/echo', ['echo', 'hi'], {})",
+        "import os\nos.execv('/bin/echo', ['echo', 'hi'])",
+        "import _posixsubprocess\n_posixsubprocess.fork_exec()",
+        "import multiprocessing\nmultiprocessing.Process(target=print).start()",
+        "import os, signal\nos.kill(os.getppid(), signal.SIGTERM)",
+        "import ctypes",
+    ],
+)
 def test_processes_and_ctypes_are_blocked(code: str) -> None:
     result = run(code)
     assert not result.ok and "sandbox: " in result.error, result
@@ -206,11 +217,15 @@ def test_cancelled_call_kills_its_process() -> None:
 
     async def cancel_midway() -> None:
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(run_python("import time\ntime.sleep(60)", SandboxLimits(wall_time_s=30)), 0.5)
+            await asyncio.wait_for(
+                run_python("import time\ntime.sleep(60)", SandboxLimits(wall_time_s=30)), 0.5
+            )
 
     asyncio.run(cancel_midway())
     deadline = time.monotonic() + 2.0
-    while (alive := [p for p in _live_children() if p.pid not in before]) and time.monotonic() < deadline:
+    while (
+        alive := [p for p in _live_children() if p.pid not in before]
+    ) and time.monotonic() < deadline:
         time.sleep(0.05)  # SIGKILL was sent on cancellation; give the kernel a moment
     assert alive == []
 

@@ -16,8 +16,15 @@ from core.runtime.stages import build_or_load_model, evaluate_model, prepare_dat
 ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
 # data → model → eval only (SFT and RL have their own tests in test_trainer.py)
-SMALL = ["data.n_train=200", "data.n_test=30", "eval.n_problems=30", "eval.max_new_tokens=8", "eval.batch_size=16",
-         "sft.enabled=false", "actor.total_steps=0"]
+SMALL = [
+    "data.n_train=200",
+    "data.n_test=30",
+    "eval.n_problems=30",
+    "eval.max_new_tokens=8",
+    "eval.batch_size=16",
+    "sft.enabled=false",
+    "actor.total_steps=0",
+]
 
 
 @pytest.mark.e2e
@@ -41,9 +48,18 @@ def test_job_on_synthetic_data(tmp_path: Path) -> None:
 def test_stages_on_bundled_gsm8k(tmp_path: Path) -> None:
     cfg = load_config(
         QUICKSTART,
-        [f"cluster.fileroot={tmp_path}", "experiment.trial=g", "data.source=gsm8k",
-         "data.gsm8k_path=bundled", "data.n_train=100", "data.n_test=8", "eval.n_problems=8",
-         "eval.max_new_tokens=4", "sft.enabled=false", "actor.total_steps=0"],
+        [
+            f"cluster.fileroot={tmp_path}",
+            "experiment.trial=g",
+            "data.source=gsm8k",
+            "data.gsm8k_path=bundled",
+            "data.n_train=100",
+            "data.n_test=8",
+            "eval.n_problems=8",
+            "eval.max_new_tokens=4",
+            "sft.enabled=false",
+            "actor.total_steps=0",
+        ],
     )
     data = prepare_data(cfg)
     assert len(data.train) == 100 and len(data.test) == 8
@@ -56,7 +72,11 @@ def test_stages_on_bundled_gsm8k(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_job_with_s3_fileroot(
-    tmp_path: Path, s3_bucket: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, s3_storage_options: dict[str, Any]
+    tmp_path: Path,
+    s3_bucket: str,
+    s3_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+    s3_storage_options: dict[str, Any],
 ) -> None:
     # s3fs and boto3 honour these, as they would on a real deployment
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
@@ -64,7 +84,9 @@ def test_job_with_s3_fileroot(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_storage_options["secret"])
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     fsspec.filesystem("s3").clear_instance_cache()
-    cfg = load_config(QUICKSTART, [f"cluster.fileroot=s3://{s3_bucket}/runs", "experiment.trial=s3", *SMALL])
+    cfg = load_config(
+        QUICKSTART, [f"cluster.fileroot=s3://{s3_bucket}/runs", "experiment.trial=s3", *SMALL]
+    )
     summary = run_experiment(cfg)
     fs = fsspec.filesystem("s3", **s3_storage_options)
     base = f"{s3_bucket}/runs/quickstart/s3"

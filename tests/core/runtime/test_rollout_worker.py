@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[3]
 def setup(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("rollout")
     train = generate_problems(64, SyntheticSpec(), seed=0)
-    model_dir = create_pretrained("tiny", training_texts(train, "plain"), root / "v0", vocab_size=300, seed=0)
+    model_dir = create_pretrained(
+        "tiny", training_texts(train, "plain"), root / "v0", vocab_size=300, seed=0
+    )
     # versions 1..4: perturbed copies, as a learner would publish them
     tokenizer = load_tokenizer(model_dir)
     for version in range(1, 5):
@@ -40,10 +42,17 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
 
 
 def config(eta: int):
-    return load_config(ROOT / "experiments" / "quickstart.yaml", [
-        f"rollout.max_staleness={eta}", "rollout.batch_size=4", "algorithm.group_size=2",
-        "rollout.max_new_tokens=12", "rollout.max_concurrent=16", "scheduler.torch_threads=1",
-    ])
+    return load_config(
+        ROOT / "experiments" / "quickstart.yaml",
+        [
+            f"rollout.max_staleness={eta}",
+            "rollout.batch_size=4",
+            "algorithm.group_size=2",
+            "rollout.max_new_tokens=12",
+            "rollout.max_concurrent=16",
+            "scheduler.torch_threads=1",
+        ],
+    )
 
 
 def drive(worker, root: Path, steps: int, eta: int) -> list:

@@ -24,9 +24,18 @@ from core.runtime.job import run_experiment
 ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
 TINY = [
-    "data.n_train=120", "data.n_test=16", "eval.n_problems=16", "eval.max_new_tokens=8",
-    "sft.enabled=false", "rollout.batch_size=4", "algorithm.group_size=2", "rollout.max_new_tokens=8",
-    "rollout.max_concurrent=16", "algorithm.overlong_buffer_len=4", "eval.every_n_steps=0", "checkpoint.every_n_steps=0",
+    "data.n_train=120",
+    "data.n_test=16",
+    "eval.n_problems=16",
+    "eval.max_new_tokens=8",
+    "sft.enabled=false",
+    "rollout.batch_size=4",
+    "algorithm.group_size=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_concurrent=16",
+    "algorithm.overlong_buffer_len=4",
+    "eval.every_n_steps=0",
+    "checkpoint.every_n_steps=0",
 ]
 
 
@@ -37,8 +46,16 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 @pytest.mark.e2e
 @pytest.mark.parametrize("eta", [0, 2])
 def test_rl_run_respects_staleness_and_publishes(tmp_path: Path, eta: int) -> None:
-    cfg = load_config(QUICKSTART, [*TINY, f"cluster.fileroot={tmp_path}", "experiment.trial=t",
-                                   f"rollout.max_staleness={eta}", "actor.total_steps=4"])
+    cfg = load_config(
+        QUICKSTART,
+        [
+            *TINY,
+            f"cluster.fileroot={tmp_path}",
+            "experiment.trial=t",
+            f"rollout.max_staleness={eta}",
+            "actor.total_steps=4",
+        ],
+    )
     summary = run_experiment(cfg)
     run_dir = tmp_path / "quickstart" / "t"
     batches = read_jsonl(run_dir / "batches.jsonl")
@@ -65,10 +82,21 @@ def test_rl_run_respects_staleness_and_publishes(tmp_path: Path, eta: int) -> No
 
 @pytest.mark.e2e
 def test_ppo_preset_trains_a_critic(tmp_path: Path) -> None:
-    cfg = load_config(QUICKSTART, [*TINY, f"cluster.fileroot={tmp_path}", "experiment.trial=p",
-                                   "algorithm=ppo", "algorithm.group_size=2", "actor.total_steps=2"])
+    cfg = load_config(
+        QUICKSTART,
+        [
+            *TINY,
+            f"cluster.fileroot={tmp_path}",
+            "experiment.trial=p",
+            "algorithm=ppo",
+            "algorithm.group_size=2",
+            "actor.total_steps=2",
+        ],
+    )
     run_experiment(cfg)
-    steps = [m for m in read_jsonl(tmp_path / "quickstart" / "p" / "metrics.jsonl") if "critic/loss" in m]
+    steps = [
+        m for m in read_jsonl(tmp_path / "quickstart" / "p" / "metrics.jsonl") if "critic/loss" in m
+    ]
     assert len(steps) == 2
 
 
@@ -89,15 +117,29 @@ def _cli(args: list[str], env: dict[str, str]) -> subprocess.Popen:
     exe = Path(sys.executable).parent / "asyncrl"
     # Its own process group: the kill below takes the whole job (workers, Prefect's temporary
     # server) down at once, as a crashed node would, and leaves nothing running.
-    return subprocess.Popen([str(exe), "run", str(QUICKSTART), *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [str(exe), "run", str(QUICKSTART), *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
-def _resume_case(fileroot: str, ckpt_dir: Any, env: dict[str, str], trial: str) -> list[dict[str, Any]]:
+def _resume_case(
+    fileroot: str, ckpt_dir: Any, env: dict[str, str], trial: str
+) -> list[dict[str, Any]]:
     """4 steps with a kill -9 after the step-2 checkpoint, then recover=auto; returns batches."""
-    args = [*TINY, f"cluster.fileroot={fileroot}", f"experiment.trial={trial}", "rollout.max_staleness=0",
-            "actor.total_steps=4", "checkpoint.every_n_steps=1", "checkpoint.keep_last=3"]
+    args = [
+        *TINY,
+        f"cluster.fileroot={fileroot}",
+        f"experiment.trial={trial}",
+        "rollout.max_staleness=0",
+        "actor.total_steps=4",
+        "checkpoint.every_n_steps=1",
+        "checkpoint.keep_last=3",
+    ]
     first = _cli(args, env)
     deadline = time.monotonic() + 240
     while not ckpt_dir("step-000002"):
@@ -115,8 +157,16 @@ def _resume_case(fileroot: str, ckpt_dir: Any, env: dict[str, str], trial: str) 
 @pytest.mark.e2e
 def test_kill_and_resume_local_matches_straight_run(tmp_path: Path) -> None:
     env = {**os.environ, "COLUMNS": "200"}
-    straight = load_config(QUICKSTART, [*TINY, f"cluster.fileroot={tmp_path}", "experiment.trial=straight",
-                                        "rollout.max_staleness=0", "actor.total_steps=4"])
+    straight = load_config(
+        QUICKSTART,
+        [
+            *TINY,
+            f"cluster.fileroot={tmp_path}",
+            "experiment.trial=straight",
+            "rollout.max_staleness=0",
+            "actor.total_steps=4",
+        ],
+    )
     run_experiment(straight)
     reference = read_jsonl(tmp_path / "quickstart" / "straight" / "batches.jsonl")
 
@@ -128,16 +178,24 @@ def test_kill_and_resume_local_matches_straight_run(tmp_path: Path) -> None:
     assert [by_step[s]["sample_ids"] for s in range(4)] == [r["sample_ids"] for r in reference]
     assert [by_step[s]["version"] for s in range(4)] == [1, 2, 3, 4]
     summary = json.loads((tmp_path / "quickstart" / "resumed" / "summary.json").read_text())
-    assert summary["version"] == 4 and summary["steps"] == 2  # only steps 2 and 3 ran after resuming
+    assert (
+        summary["version"] == 4 and summary["steps"] == 2
+    )  # only steps 2 and 3 ran after resuming
 
 
 @pytest.mark.integration
-def test_kill_and_resume_on_s3(tmp_path: Path, s3_endpoint: str, s3_bucket: str,
-                               s3_storage_options: dict[str, Any]) -> None:
+def test_kill_and_resume_on_s3(
+    tmp_path: Path, s3_endpoint: str, s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
     import fsspec
 
-    env = {**os.environ, "AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": s3_storage_options["key"],
-           "AWS_SECRET_ACCESS_KEY": s3_storage_options["secret"], "AWS_DEFAULT_REGION": "us-east-1"}
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": s3_storage_options["key"],
+        "AWS_SECRET_ACCESS_KEY": s3_storage_options["secret"],
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     fs = fsspec.filesystem("s3", **s3_storage_options)
     base = f"{s3_bucket}/runs/quickstart/s3run/checkpoints"
 
@@ -150,7 +208,10 @@ def test_kill_and_resume_on_s3(tmp_path: Path, s3_endpoint: str, s3_bucket: str,
     assert summary["version"] == 4 and summary["steps"] == 2
     assert fs.exists(f"{base}/step-000004/hf/model.safetensors")
     assert fs.exists(f"{base}/step-000004/learner/policy/.metadata")
-    rows = [json.loads(line) for line in fs.cat(f"{s3_bucket}/runs/quickstart/s3run/batches.jsonl").splitlines()]
+    rows = [
+        json.loads(line)
+        for line in fs.cat(f"{s3_bucket}/runs/quickstart/s3run/batches.jsonl").splitlines()
+    ]
     assert {row["step"] for row in rows} >= {2, 3}
 
 
@@ -159,9 +220,20 @@ def test_ray_placement_runs_rollout_and_two_learner_ranks(tmp_path: Path) -> Non
     """scheduler.type=ray: the rollout worker and a 2-rank FSDP2 learner group as Ray actors."""
     import ray
 
-    cfg = load_config(QUICKSTART, [*TINY, f"cluster.fileroot={tmp_path}", "experiment.trial=ray",
-                                   "scheduler.type=ray", "actor.n_ranks=2", "scheduler.learner_cpus=1",
-                                   "scheduler.rollout_cpus=1", "rollout.max_staleness=1", "actor.total_steps=3"])
+    cfg = load_config(
+        QUICKSTART,
+        [
+            *TINY,
+            f"cluster.fileroot={tmp_path}",
+            "experiment.trial=ray",
+            "scheduler.type=ray",
+            "actor.n_ranks=2",
+            "scheduler.learner_cpus=1",
+            "scheduler.rollout_cpus=1",
+            "rollout.max_staleness=1",
+            "actor.total_steps=3",
+        ],
+    )
     try:
         summary = run_experiment(cfg)
         assert ray.is_initialized()
