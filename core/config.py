@@ -16,8 +16,9 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import time
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,42 +27,40 @@ from omegaconf.errors import OmegaConfBaseException
 
 from core.algorithms.config import PRESETS, AlgorithmConfig
 from core.data.synthetic import SyntheticSpec
+from core.schema import documented
 
 
 class ConfigError(ValueError):
     """A user-caused configuration problem; the message names the key, file or value."""
 
 
-def _f(default: Any, help: str, **kwargs: Any) -> Any:
-    """A dataclass field with a help string (shown by ``asyncrl config docs``)."""
-    if isinstance(default, list | dict):
-        return field(
-            default_factory=lambda: typing.cast(Any, default).copy(), metadata={"help": help}
-        )
-    return field(default=default, metadata={"help": help}, **kwargs)
-
-
 @dataclass
 class ExperimentConfig:
     """Names and seeds: where a run's outputs go is ``{cluster.fileroot}/{name}/{trial}``."""
 
-    name: str = _f("quickstart", "Experiment name; groups runs in the output folder and in MLflow.")
-    trial: str = _f("", "Trial name inside the experiment; empty = a timestamp chosen at start.")
-    seed: int = _f(1, "Seed for data generation, model initialisation, sampling and shuffling.")
-    description: str = _f("", "Free text recorded with the run.")
+    name: str = documented(
+        "quickstart", "Experiment name; groups runs in the output folder and in MLflow."
+    )
+    trial: str = documented(
+        "", "Trial name inside the experiment; empty = a timestamp chosen at start."
+    )
+    seed: int = documented(
+        1, "Seed for data generation, model initialisation, sampling and shuffling."
+    )
+    description: str = documented("", "Free text recorded with the run.")
 
 
 @dataclass
 class ClusterConfig:
     """Where the run's files live and how many machines it spans."""
 
-    fileroot: str = _f(
+    fileroot: str = documented(
         "runs",
         "Root for run outputs and checkpoints: a local folder or any fsspec URL (s3://bucket/prefix).",
     )
-    n_nodes: int = _f(1, "Number of machines (Ray nodes) the run spans.")
-    n_gpus_per_node: int = _f(0, "GPUs per node; 0 runs everything on CPU.")
-    ray_address: str = _f(
+    n_nodes: int = documented(1, "Number of machines (Ray nodes) the run spans.")
+    n_gpus_per_node: int = documented(0, "GPUs per node; 0 runs everything on CPU.")
+    ray_address: str = documented(
         "", "Address of an existing Ray cluster to join; empty starts a local one."
     )
 
@@ -70,10 +69,12 @@ class ClusterConfig:
 class SchedulerConfig:
     """How the rollout and learner processes are placed."""
 
-    type: str = _f("local", "'local' (plain processes, for debugging) or 'ray' (Ray actors).")
-    learner_cpus: float = _f(1.0, "CPUs reserved for the learner group (Ray).")
-    rollout_cpus: float = _f(1.0, "CPUs reserved for the rollout side (Ray).")
-    torch_threads: int = _f(
+    type: str = documented(
+        "local", "'local' (plain processes, for debugging) or 'ray' (Ray actors)."
+    )
+    learner_cpus: float = documented(1.0, "CPUs reserved for the learner group (Ray).")
+    rollout_cpus: float = documented(1.0, "CPUs reserved for the rollout side (Ray).")
+    torch_threads: int = documented(
         1, "torch.set_num_threads per process: each side on its own core(s), or they fight."
     )
 
@@ -82,17 +83,19 @@ class SchedulerConfig:
 class ModelConfig:
     """The policy model and its tokenizer."""
 
-    path: str = _f(
+    path: str = documented(
         "tiny",
         "A from-scratch preset ('tiny' ~1M, 'small' ~10M params), a local HF folder, or a hub id.",
     )
-    tokenizer_path: str = _f(
+    tokenizer_path: str = documented(
         "",
         "Tokenizer folder or hub id; empty = the model's (presets train a BPE tokenizer on the training data).",
     )
-    vocab_size: int = _f(400, "Vocabulary size of the tokenizer trained for a preset model.")
-    dtype: str = _f("float32", "Parameter dtype: float32 (CPU), bfloat16 or float16 (GPU).")
-    attn_implementation: str = _f(
+    vocab_size: int = documented(
+        400, "Vocabulary size of the tokenizer trained for a preset model."
+    )
+    dtype: str = documented("float32", "Parameter dtype: float32 (CPU), bfloat16 or float16 (GPU).")
+    attn_implementation: str = documented(
         "sdpa", "Attention kernel: 'sdpa' (CPU/GPU), 'flash_attention_2' (GPU, gpu extra), 'eager'."
     )
 
@@ -101,22 +104,24 @@ class ModelConfig:
 class DataConfig:
     """Training and held-out problems."""
 
-    source: str = _f("synthetic", "'synthetic' (generated GSM8K-style problems) or 'gsm8k'.")
-    gsm8k_path: str = _f(
+    source: str = documented(
+        "synthetic", "'synthetic' (generated GSM8K-style problems) or 'gsm8k'."
+    )
+    gsm8k_path: str = documented(
         "bundled",
         "For source=gsm8k: 'bundled' (the repo's copy), 'hub' (openai/gsm8k), or a file/folder path or fsspec URL with {split}.jsonl|parquet.",
     )
-    template: str = _f("plain", "Prompt template name (core.data.templates).")
-    n_train: int = _f(
+    template: str = documented("plain", "Prompt template name (core.data.templates).")
+    n_train: int = documented(
         4000, "Training problems (synthetic: generated; gsm8k: the first n, 0 = all)."
     )
-    n_test: int = _f(
+    n_test: int = documented(
         1000,
         "Held-out problems (synthetic: generated; gsm8k: the first n of the test split, 0 = all).",
     )
-    strict: bool = _f(False, "Raise on a bad row instead of skipping it with a warning.")
-    synthetic: SyntheticSpec = field(
-        default_factory=SyntheticSpec, metadata={"help": "Synthetic problem generator knobs."}
+    strict: bool = documented(False, "Raise on a bad row instead of skipping it with a warning.")
+    synthetic: SyntheticSpec = documented(
+        help="Synthetic problem generator knobs.", factory=SyntheticSpec
     )
 
 
@@ -124,66 +129,74 @@ class DataConfig:
 class SFTConfig:
     """Supervised warm start on the training solutions before RL."""
 
-    enabled: bool = _f(True, "Run the SFT warm start (preset models start from random weights).")
-    steps: int = _f(600, "Optimizer steps.")
-    batch_size: int = _f(32, "Sequences per optimizer step.")
-    lr: float = _f(2e-3, "Peak learning rate (AdamW).")
-    warmup_steps: int = _f(30, "Linear warm-up steps before the cosine decay.")
-    min_lr_ratio: float = _f(0.1, "Final learning rate as a fraction of the peak.")
-    weight_decay: float = _f(0.0, "AdamW weight decay.")
-    max_grad_norm: float = _f(1.0, "Gradient clipping norm.")
+    enabled: bool = documented(
+        True, "Run the SFT warm start (preset models start from random weights)."
+    )
+    steps: int = documented(600, "Optimizer steps.")
+    batch_size: int = documented(32, "Sequences per optimizer step.")
+    lr: float = documented(2e-3, "Peak learning rate (AdamW).")
+    warmup_steps: int = documented(30, "Linear warm-up steps before the cosine decay.")
+    min_lr_ratio: float = documented(0.1, "Final learning rate as a fraction of the peak.")
+    weight_decay: float = documented(0.0, "AdamW weight decay.")
+    max_grad_norm: float = documented(1.0, "Gradient clipping norm.")
 
 
 @dataclass
 class RolloutConfig:
     """Generation: engines, sampling, and the staleness bound of the async loop."""
 
-    engine: str = _f("hf", "'hf' (in-process engine, CPU/GPU), 'sglang' or 'vllm' (HTTP servers).")
-    server_addresses: list[str] = _f(
+    engine: str = documented(
+        "hf", "'hf' (in-process engine, CPU/GPU), 'sglang' or 'vllm' (HTTP servers)."
+    )
+    server_addresses: list[str] = documented(
         [], "host:port of running inference servers (sglang/vllm/ours); empty = launch our own."
     )
-    batch_size: int = _f(16, "Prompts per training step (each sampled group_size times).")
-    max_staleness: int = _f(
+    batch_size: int = documented(16, "Prompts per training step (each sampled group_size times).")
+    max_staleness: int = documented(
         4, "Staleness bound η: a sample may be at most η weight versions old; 0 = synchronous RL."
     )
-    max_concurrent: int = _f(64, "Most episodes in flight at once.")
-    max_new_tokens: int = _f(64, "Generation budget per completion.")
-    temperature: float = _f(
+    max_concurrent: int = documented(64, "Most episodes in flight at once.")
+    max_new_tokens: int = documented(64, "Generation budget per completion.")
+    temperature: float = documented(
         1.0, "Sampling temperature (the learner scales its logits the same way)."
     )
-    top_p: float = _f(1.0, "Nucleus sampling; 1.0 = off.")
-    top_k: int = _f(0, "Top-k sampling; 0 = off.")
-    workflow: str = _f("core.rollout.rlvr:RLVRWorkflow", "Episode workflow, by import path.")
-    reward_fn: str = _f(
+    top_p: float = documented(1.0, "Nucleus sampling; 1.0 = off.")
+    top_k: int = documented(0, "Top-k sampling; 0 = off.")
+    workflow: str = documented(
+        "core.rollout.rlvr:RLVRWorkflow", "Episode workflow, by import path."
+    )
+    reward_fn: str = documented(
         "core.rewards.gsm8k:gsm8k_reward",
         "Reward function (completion, reference) -> float, by import path.",
     )
-    max_failure_rate: float = _f(0.2, "Stop the run when more than this share of episodes fail.")
-    max_turns: int = _f(4, "Tool-agent workflow: most model turns per episode.")
-    tool_latency_s: float = _f(
+    max_failure_rate: float = documented(
+        0.2, "Stop the run when more than this share of episodes fail."
+    )
+    max_turns: int = documented(4, "Tool-agent workflow: most model turns per episode.")
+    tool_latency_s: float = documented(
         0.0, "Tool-agent workflow: simulated latency per tool call (models remote tools/APIs)."
     )
-    tool_timeout_s: float = _f(
+    tool_timeout_s: float = documented(
         5.0, "Tool-agent workflow: wall-time limit of one sandboxed python call."
     )
 
 
 @dataclass
-class ActorConfig:
+class LearnerConfig:
     """The learner that trains the policy."""
 
-    n_ranks: int = _f(1, "Data-parallel FSDP2 ranks (processes).")
-    micro_batch_tokens: int = _f(
+    n_ranks: int = documented(1, "Data-parallel FSDP2 ranks (processes).")
+    micro_batch_tokens: int = documented(
         8192, "Token budget of one micro-batch (gradient accumulation splits above it)."
     )
-    total_steps: int = _f(40, "RL training steps (weight versions).")
+    total_steps: int = documented(40, "RL training steps (weight versions).")
 
 
 @dataclass
 class CriticConfig:
     """Value model for PPO-style presets (algorithm.use_critic)."""
 
-    path: str = _f(
+    path: str = documented(
         "",
         "Critic initial weights; empty = the policy's initial weights with a fresh value head (learning rate: algorithm.critic_lr).",
     )
@@ -193,63 +206,57 @@ class CriticConfig:
 class EvalConfig:
     """Held-out evaluation."""
 
-    n_problems: int = _f(1000, "Held-out problems evaluated (<= data.n_test; 0 = all).")
-    batch_size: int = _f(128, "Prompts per batched generation call.")
-    max_new_tokens: int = _f(64, "Generation budget per answer.")
-    every_n_steps: int = _f(10, "Evaluate every N RL steps (0 = only before and after).")
+    n_problems: int = documented(1000, "Held-out problems evaluated (<= data.n_test; 0 = all).")
+    max_concurrent: int = documented(
+        128, "Most held-out episodes in flight at once (the engine batches what is in flight)."
+    )
+    max_new_tokens: int = documented(64, "Generation budget per answer.")
+    every_n_steps: int = documented(10, "Evaluate every N RL steps (0 = only before and after).")
 
 
 @dataclass
 class CheckpointConfig:
     """Checkpoints for exact resume."""
 
-    url: str = _f("", "Where checkpoints go (any fsspec URL); empty = {run_dir}/checkpoints.")
-    every_n_steps: int = _f(20, "Checkpoint every N RL steps (0 = only at the end).")
-    keep_last: int = _f(2, "Committed checkpoints to keep.")
-    recover: str = _f("off", "'off' or 'auto' (resume from the latest committed checkpoint).")
+    url: str = documented(
+        "", "Where checkpoints go (any fsspec URL); empty = {run_dir}/checkpoints."
+    )
+    every_n_steps: int = documented(20, "Checkpoint every N RL steps (0 = only at the end).")
+    keep_last: int = documented(2, "Committed checkpoints to keep.")
+    recover: str = documented(
+        "off", "'off' or 'auto' (resume from the latest committed checkpoint)."
+    )
 
 
 @dataclass
 class TrackingConfig:
     """Experiment tracking."""
 
-    mlflow_uri: str = _f("", "MLflow tracking URI; empty = sqlite under the experiment folder.")
-    mlflow_experiment: str = _f("", "MLflow experiment name; empty = experiment.name.")
+    mlflow_uri: str = documented(
+        "", "MLflow tracking URI; empty = sqlite under the experiment folder."
+    )
+    mlflow_experiment: str = documented("", "MLflow experiment name; empty = experiment.name.")
 
 
 @dataclass
 class Config:
     """A whole experiment."""
 
-    experiment: ExperimentConfig = field(
-        default_factory=ExperimentConfig, metadata={"help": "Names and seeds."}
+    experiment: ExperimentConfig = documented(help="Names and seeds.", factory=ExperimentConfig)
+    cluster: ClusterConfig = documented(help="Files and machines.", factory=ClusterConfig)
+    scheduler: SchedulerConfig = documented(help="Process placement.", factory=SchedulerConfig)
+    model: ModelConfig = documented(help="Policy model and tokenizer.", factory=ModelConfig)
+    data: DataConfig = documented(help="Training and held-out data.", factory=DataConfig)
+    sft: SFTConfig = documented(help="Supervised warm start.", factory=SFTConfig)
+    rollout: RolloutConfig = documented(help="Generation and staleness.", factory=RolloutConfig)
+    algorithm: AlgorithmConfig = documented(
+        help="RL algorithm (preset + overrides).", factory=AlgorithmConfig
     )
-    cluster: ClusterConfig = field(
-        default_factory=ClusterConfig, metadata={"help": "Files and machines."}
-    )
-    scheduler: SchedulerConfig = field(
-        default_factory=SchedulerConfig, metadata={"help": "Process placement."}
-    )
-    model: ModelConfig = field(
-        default_factory=ModelConfig, metadata={"help": "Policy model and tokenizer."}
-    )
-    data: DataConfig = field(
-        default_factory=DataConfig, metadata={"help": "Training and held-out data."}
-    )
-    sft: SFTConfig = field(default_factory=SFTConfig, metadata={"help": "Supervised warm start."})
-    rollout: RolloutConfig = field(
-        default_factory=RolloutConfig, metadata={"help": "Generation and staleness."}
-    )
-    algorithm: AlgorithmConfig = field(
-        default_factory=AlgorithmConfig, metadata={"help": "RL algorithm (preset + overrides)."}
-    )
-    actor: ActorConfig = field(default_factory=ActorConfig, metadata={"help": "Policy learner."})
-    critic: CriticConfig = field(default_factory=CriticConfig, metadata={"help": "Value model."})
-    eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "Held-out evaluation."})
-    checkpoint: CheckpointConfig = field(
-        default_factory=CheckpointConfig, metadata={"help": "Checkpoints."}
-    )
-    tracking: TrackingConfig = field(default_factory=TrackingConfig, metadata={"help": "Tracking."})
+    learner: LearnerConfig = documented(help="Policy learner (FSDP2 ranks).", factory=LearnerConfig)
+    critic: CriticConfig = documented(help="Value model.", factory=CriticConfig)
+    eval: EvalConfig = documented(help="Held-out evaluation.", factory=EvalConfig)
+    checkpoint: CheckpointConfig = documented(help="Checkpoints.", factory=CheckpointConfig)
+    tracking: TrackingConfig = documented(help="Tracking.", factory=TrackingConfig)
 
     @property
     def run_dir(self) -> str:
@@ -272,29 +279,70 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Resolve a YAML file and ``key=value`` overrides into a validated :class:`Config`."""
-    layers: list[tuple[str, dict[str, Any]]] = []
+# Keys renamed since earlier releases: an old key fails with a message naming the new one.
+RENAMED: dict[str, str] = {"actor": "learner", "eval.batch_size": "eval.max_concurrent"}
+
+Layer = tuple[str, dict[str, Any]]  # (where it came from, a nested dict checked against the schema)
+
+
+@dataclass
+class ConfigSource:
+    """A YAML file and command-line overrides, read and parsed once.
+
+    :meth:`resolve` merges them onto the schema defaults and the chosen algorithm preset; a
+    *variant* (an ablation's algorithm and seed, a sweep trial's values) is one more layer on
+    top, given as values, so N variants of one config never re-read or re-parse anything.
+    """
+
+    layers: list[Layer]
+
+    def with_values(self, values: dict[str, Any], label: str = "values") -> ConfigSource:
+        """The same source with one more layer of dotted-key values on top."""
+        layer = _nest(values)
+        _check_keys(layer, Config, prefix="", source=label)
+        return ConfigSource([*self.layers, (label, layer)])
+
+    def resolve(self, variant: dict[str, Any] | None = None, label: str = "variant") -> Config:
+        """The validated :class:`Config`; ``variant`` maps dotted keys to values
+        (``{"algorithm": "ppo", "experiment.seed": 2}``) and wins over every layer."""
+        return _merge((self.with_values(variant, label) if variant else self).layers)
+
+
+def parse_config(
+    path: str | Path | None = None, overrides: list[str] | None = None
+) -> ConfigSource:
+    """Read the YAML file and parse ``key=value`` overrides, checking every key (not yet merged)."""
+    layers: list[Layer] = []
     if path is not None:
         layers.append((str(path), _read_yaml(Path(path))))
     if overrides:
         layers.append(("command line", _parse_overrides(overrides)))
-
-    preset = "grpo"
     for source, layer in layers:
+        _check_keys(layer, Config, prefix="", source=source)
+    return ConfigSource(layers)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Resolve a YAML file and ``key=value`` overrides into a validated :class:`Config`."""
+    return parse_config(path, overrides).resolve()
+
+
+def _merge(layers: list[Layer]) -> Config:
+    """schema defaults ← algorithm preset ← layers, then validation."""
+    preset = "grpo"
+    for _, layer in layers:
         algorithm = layer.get("algorithm")
         if isinstance(algorithm, str):  # `algorithm: dapo` selects a preset ...
             preset = algorithm
-            layer.pop("algorithm")
         elif isinstance(algorithm, dict) and "name" in algorithm:  # ... so does algorithm.name
             preset = algorithm["name"]
-        _check_keys(layer, Config, prefix="", source=source)
     if preset not in PRESETS:
         raise ConfigError(f"algorithm={preset!r} is not a preset; choose one of {sorted(PRESETS)}")
-
     merged = OmegaConf.structured(Config)
-    layers.insert(0, (f"preset {preset!r}", {"algorithm": {**PRESETS[preset], "name": preset}}))
-    for source, layer in layers:
+    preset_layer = (f"preset {preset!r}", {"algorithm": {**PRESETS[preset], "name": preset}})
+    for source, layer in [preset_layer, *layers]:
+        if isinstance(layer.get("algorithm"), str):  # the preset name, applied above
+            layer = {**layer, "algorithm": {"name": layer["algorithm"]}}
         try:
             merged = OmegaConf.merge(merged, layer)
         except OmegaConfBaseException as err:
@@ -307,6 +355,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return config
 
 
+def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
+    """``{"a.b": 1, "c": 2}`` → ``{"a": {"b": 1}, "c": 2}``."""
+    nested: dict[str, Any] = {}
+    for key, value in dotted.items():
+        *parents, leaf = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"'{key}' conflicts with another key of the same variant")
+        node[leaf] = value
+    return nested
+
+
 def validate(config: Config) -> None:
     """Cross-field checks that no single section can make on its own."""
     for key, choices in CHOICES.items():
@@ -317,9 +379,9 @@ def validate(config: Config) -> None:
         "rollout.batch_size",
         "rollout.max_concurrent",
         "rollout.max_new_tokens",
-        "actor.n_ranks",
-        "actor.micro_batch_tokens",
-        "eval.batch_size",
+        "learner.n_ranks",
+        "learner.micro_batch_tokens",
+        "eval.max_concurrent",
         "eval.max_new_tokens",
         "sft.batch_size",
         "model.vocab_size",
@@ -330,7 +392,7 @@ def validate(config: Config) -> None:
             raise ConfigError(f"{key} must be > 0, got {select(config, key)}")
     non_negative = [
         "rollout.max_staleness",
-        "actor.total_steps",
+        "learner.total_steps",
         "sft.steps",
         "rollout.top_k",
         "eval.every_n_steps",
@@ -373,6 +435,13 @@ def validate(config: Config) -> None:
             f"rollout.engine={config.rollout.engine!r} needs GPUs (cluster.n_gpus_per_node > 0) "
             "or running servers in rollout.server_addresses"
         )
+
+
+def stamp_trial(config: Config) -> Config:
+    """Give a run without ``experiment.trial`` a timestamp trial (its run folder's name)."""
+    if not config.experiment.trial:
+        config.experiment.trial = time.strftime("%Y%m%d-%H%M%S")
+    return config
 
 
 def select(config: Config, dotted: str) -> Any:
@@ -492,6 +561,8 @@ def _check_keys(layer: dict[str, Any], schema: type, prefix: str, source: str) -
     names = [f.name for f in dataclasses.fields(schema)]
     for key, value in layer.items():
         dotted = f"{prefix}{key}"
+        if dotted in RENAMED:
+            raise ConfigError(f"config key '{dotted}' (in {source}) is now '{RENAMED[dotted]}'")
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=3, cutoff=0.5)
             valid = [f"{prefix}{name}" for name in (close or names)]
@@ -500,6 +571,8 @@ def _check_keys(layer: dict[str, Any], schema: type, prefix: str, source: str) -
                 f"unknown config key '{dotted}' (in {source}); {label}: {', '.join(valid)}"
             )
         hint = hints[key]
+        if not prefix and key == "algorithm" and isinstance(value, str):
+            continue  # `algorithm: dapo` names a preset (checked when merged)
         if dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
                 raise ConfigError(

@@ -1,116 +1,87 @@
-"""Held-out evaluation: batched greedy generation and the task reward.
+"""Held-out evaluation: the training workflow, decoding greedily, scored by the task reward.
 
-Greedy accuracy on a few hundred problems is noisy (±3.5 points at n=200) and which answer style
-greedy picks is close to a coin flip early on, so alongside accuracy we report its standard error
-and the share of answer-only completions (the behaviour RL is expected to change).
+Evals run the same workflow as training (so a tool agent's eval calls its tools) on the same
+engine contract, with ``temperature = 0``. Greedy accuracy on a few hundred problems is noisy
+(±3.5 points at n=200), so the result carries its standard error; a task adds its own metrics
+(GSM8K: the share of answer-only completions) through its reward plug-in
+(:func:`core.rewards.registry.with_completion_metrics`).
 """
 
 from __future__ import annotations
 
-import logging
+import asyncio
+import copy
+import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-from core.data.templates import render_prompt
-from core.rewards.gsm8k import is_direct_answer
-from core.rewards.registry import SafeReward
-
-logger = logging.getLogger(__name__)
+from core.inference.api import InferenceEngine
+from core.rewards.registry import CompletionMetric
+from core.rollout.api import Workflow
 
 
 @dataclass
 class EvalResult:
-    """Accuracy on ``n`` held-out problems, with a few examples to eyeball."""
+    """Accuracy on ``n`` held-out problems, the task's own metrics, and a few examples."""
 
     n: int
     accuracy: float
     stderr: float
-    direct_share: float
     mean_new_tokens: float
-    reward_failures: int
-    examples: list[dict] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    examples: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-@torch.no_grad()
-def generate_greedy(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str],
+async def evaluate_workflow(
+    engine: InferenceEngine,
+    workflow: Workflow,
+    samples: Sequence[dict[str, Any]],
     *,
     max_new_tokens: int,
-    batch_size: int,
-    on_batch: Callable[[int], None] | None = None,
-) -> tuple[list[str], list[int]]:
-    """Greedy completions for ``prompts`` (left-padded batches, KV cache), decoded without specials,
-    and the number of tokens each generated (up to and including eos)."""
-    completions: list[str] = []
-    lengths: list[int] = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = list(prompts[start : start + batch_size])
-        enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
-        enc = {k: v.to(model.device) for k, v in enc.items()}
-        out = model.generate(
-            **enc,
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-        new_tokens = out[:, enc["input_ids"].shape[1] :]
-        completions.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
-        # generate() pads finished rows with pad tokens; eos itself counts as generated
-        lengths.extend((new_tokens != tokenizer.pad_token_id).sum(dim=1).tolist())
-        if on_batch is not None:
-            on_batch(len(chunk))
-    return completions, lengths
-
-
-def evaluate(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    samples: Sequence[dict],
-    *,
-    template: str,
-    reward_fn: Callable[[str, str], float],
-    max_new_tokens: int,
-    batch_size: int,
+    max_concurrent: int,
+    metrics: Mapping[str, CompletionMetric] | None = None,
     n_examples: int = 3,
-    on_batch: Callable[[int], None] | None = None,
+    on_sample: Callable[[int], None] | None = None,
 ) -> EvalResult:
-    """Greedy accuracy of ``model`` on ``samples`` (dicts with ``question`` and ``answer``)."""
+    """Greedy episodes of ``workflow`` on ``samples`` (dicts with ``question`` and ``answer``)."""
     if not samples:
         raise ValueError(
-            "evaluate() needs at least one held-out sample (eval.n_problems / data.n_test)"
+            "evaluation needs at least one held-out sample (eval.n_problems / data.n_test)"
         )
-    reward = SafeReward(reward_fn)
-    prompts = [render_prompt(s["question"], template) for s in samples]
-    completions, new_tokens = generate_greedy(
-        model,
-        tokenizer,
-        prompts,
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        on_batch=on_batch,
+    greedy = copy.copy(workflow)
+    greedy.sampling = dataclasses.replace(
+        workflow.sampling, temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens
     )
-    scores = [reward(c, s["answer"]) for c, s in zip(completions, samples, strict=True)]
-    n = len(scores)
-    accuracy = sum(scores) / n
+    slots = asyncio.Semaphore(max_concurrent)
+
+    async def one(sample: dict[str, Any]) -> tuple[float, str, int]:
+        async with slots:
+            trajectory = await greedy.run_episode(engine, sample)
+        if on_sample is not None:
+            on_sample(1)
+        if trajectory is None:  # a rejected episode scores nothing
+            return 0.0, "", 0
+        return trajectory.reward, trajectory.metadata.get("completion", ""), trajectory.n_generated
+
+    results = await asyncio.gather(*(one(s) for s in samples))
+    n = len(results)
+    accuracy = sum(reward for reward, _, _ in results) / n
     return EvalResult(
         n=n,
         accuracy=accuracy,
         stderr=math.sqrt(max(accuracy * (1 - accuracy), 0.0) / n),
-        direct_share=sum(is_direct_answer(c) for c in completions) / n,
-        mean_new_tokens=sum(new_tokens) / n,
-        reward_failures=reward.n_failures,
+        mean_new_tokens=sum(tokens for _, _, tokens in results) / n,
+        metrics={
+            name: sum(float(metric(text)) for _, text, _ in results) / n
+            for name, metric in (metrics or {}).items()
+        },
         examples=[
-            {"question": s["question"], "completion": c, "reference": s["answer"], "reward": r}
-            for s, c, r in list(zip(samples, completions, scores, strict=True))[:n_examples]
+            {"question": s["question"], "completion": text, "reference": s["answer"], "reward": r}
+            for s, (r, text, _) in list(zip(samples, results, strict=True))[:n_examples]
         ],
     )

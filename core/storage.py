@@ -84,3 +84,17 @@ def upload_file(local: str | Path, url: str) -> None:
     if parent:
         fs.makedirs(parent, exist_ok=True)
     fs.put_file(str(local), path)
+
+
+def download_dir(url: str, local: str | Path | None = None) -> Path:
+    """Copy the files under ``url`` into ``local`` (default :func:`local_path`); returns the folder.
+
+    A no-op for a local ``url`` with no other destination: the folder is used where it is.
+    """
+    target = Path(local) if local is not None else local_path(url)
+    if is_local(url) and target.resolve() == local_path(url).resolve():
+        return target
+    fs, path = url_to_fs(url)
+    target.mkdir(parents=True, exist_ok=True)
+    fs.get(path.rstrip("/") + "/", str(target) + "/", recursive=True)
+    return target

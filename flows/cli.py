@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,10 +15,16 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from core.config import Config, ConfigError, docs_markdown, load_config, to_yaml
-
-# Before Prefect is imported: no phone-home from the embedded server (this box has no internet).
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+from core.config import (
+    Config,
+    ConfigError,
+    ConfigSource,
+    docs_markdown,
+    parse_config,
+    stamp_trial,
+    to_yaml,
+)
+from tasks import PREFECT_STARTUP_TIMEOUT_VAR
 
 app = typer.Typer(
     help="Asynchronous RL for LLMs and LLM agents.", no_args_is_help=True, add_completion=False
@@ -55,13 +61,44 @@ def _setup_logging(verbose: bool) -> None:
     hf_logging.set_verbosity_error()
 
 
-def _load(config: Path, overrides: list[str] | None) -> Config:
-    """Load and validate, or exit with status 2 and a message naming the problem."""
+@contextmanager
+def _config_errors_exit_2() -> Iterator[None]:
+    """A config problem exits with status 2 and a message naming it, before any work starts."""
     try:
-        return load_config(config, overrides or [])
+        yield
     except ConfigError as err:
         err_console.print(f"[bold red]config error:[/] {err}")
         raise typer.Exit(code=2) from None
+
+
+def _source(config: Path, overrides: list[str] | None) -> ConfigSource:
+    """Read and parse the config file and overrides (once per command)."""
+    with _config_errors_exit_2():
+        return parse_config(config, overrides or [])
+
+
+def _load(config: Path, overrides: list[str] | None) -> Config:
+    """The resolved, validated config."""
+    source = _source(config, overrides)
+    with _config_errors_exit_2():
+        return source.resolve()
+
+
+@contextmanager
+def _prefect_start_failures() -> Iterator[None]:
+    """Prefect's temporary API server may not come up on a starved machine: say what to do."""
+    try:
+        yield
+    except RuntimeError as err:
+        if "ephemeral Prefect API server" not in str(err):
+            raise
+        wait = os.environ.get(PREFECT_STARTUP_TIMEOUT_VAR)
+        err_console.print(
+            f"[bold red]error:[/] Prefect's temporary API server did not start within {wait} s "
+            f"({PREFECT_STARTUP_TIMEOUT_VAR}). Raise it, point PREFECT_API_URL at a running "
+            "server (asyncrl stack up), or run without Prefect: asyncrl run --plain ..."
+        )
+        raise typer.Exit(code=1) from None
 
 
 def _stage_progress(progress: Progress) -> Callable[[str, int | None], Callable[[int], None]]:
@@ -84,23 +121,18 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run an experiment end to end (as a Prefect flow tracked in MLflow) and print accuracy before/after."""
-    cfg = _load(config, overrides)
-    trial = cfg.experiment.trial or time.strftime("%Y%m%d-%H%M%S")
+    cfg = stamp_trial(_load(config, overrides))
     _setup_logging(verbose)
     with _progress() as progress:
         if plain:
             from core.runtime.job import run_experiment
 
-            cfg.experiment.trial = trial
             summary = run_experiment(cfg, progress=_stage_progress(progress))
         else:
             from flows.experiment import experiment
-            from tasks.hooks import set_progress
 
-            set_progress(_stage_progress(progress))
-            summary = experiment(str(config), [*(overrides or []), f"experiment.trial={trial}"])[
-                "summary"
-            ]
+            with _prefect_start_failures():
+                summary = experiment(cfg, progress=_stage_progress(progress))["summary"]
     _print_summary(summary)
 
 
@@ -126,11 +158,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
     table.add_row("accuracy before RL", fmt(summary.get("accuracy_before")))
     table.add_row("accuracy after RL", fmt(summary.get("accuracy_after")))
     evals = summary.get("evals") or []
-    if evals:
-        table.add_row(
-            "answer-only share before → after",
-            f"{evals[0]['direct_share']:.2f} → {evals[-1]['direct_share']:.2f}",
-        )
+    for name in evals[0]["metrics"] if evals else ():  # the task's own eval metrics
+        before, after = evals[0]["metrics"][name], evals[-1]["metrics"][name]
+        table.add_row(f"{name} before → after", f"{before:.2f} → {after:.2f}")
     table.add_row("RL steps", str(summary["steps"]))
     if "samples_per_s" in summary:
         table.add_row("samples/s (RL)", fmt(summary["samples_per_s"], ".1f"))
@@ -161,15 +191,16 @@ def ablate(
     seeds: Annotated[int, typer.Option(help="Seeds per algorithm.")] = 1,
 ) -> None:
     """Algorithms × seeds under one MLflow parent run, then the comparison table and plot."""
-    _load(config, overrides)
+    source = _source(config, overrides)
     algorithms = [a.strip() for a in algos.split(",") if a.strip()]
-    for algorithm in algorithms:
-        _load(config, [*(overrides or []), f"algorithm={algorithm}"])
-    _setup_logging(False)
-    from flows.ablation import ablation
+    from flows.ablation import ablation, ablation_variants
 
-    result = ablation(str(config), list(overrides or []), algorithms, seeds)
-    from tasks.compare import render_markdown
+    with _config_errors_exit_2():
+        ablation_variants(source, algorithms, seeds)  # every variant validates before any work
+    _setup_logging(False)
+    with _prefect_start_failures():
+        result = ablation(source, algorithms, seeds)
+    from tasks.comparison_report import render_markdown
 
     console.print(render_markdown(result["table"]), markup=False)
     console.print(f"plot: {result['plot']}\nsummary: {result['output_dir']}/summary.json")
@@ -186,17 +217,20 @@ def sweep(
     ] = None,
 ) -> None:
     """An Optuna study over the search space; each trial an MLflow child run."""
-    _load(config, overrides)
-    _setup_logging(False)
+    source = _source(config, overrides)
+    with _config_errors_exit_2():
+        source.resolve()
     from flows.sweep import load_space
     from flows.sweep import sweep as sweep_flow
 
     try:
-        load_space(space, str(config), list(overrides or []))
+        search_space = load_space(space, source)
     except ValueError as err:
         err_console.print(f"[bold red]search space error:[/] {err}")
         raise typer.Exit(code=2) from None
-    result = sweep_flow(str(config), str(space), list(overrides or []), trials, storage)
+    _setup_logging(False)
+    with _prefect_start_failures():
+        result = sweep_flow(source, search_space, trials, storage)
     console.print(result)
 
 
@@ -238,10 +272,10 @@ def compare(
     out: Annotated[Path, typer.Option(help="Where to write the plot.")] = Path("runs/compare.png"),
 ) -> None:
     """Print the GRPO/PPO/DAPO table of an MLflow experiment and write the curves plot."""
-    from tasks.compare import collect_runs, comparison_table, plot_curves, render_markdown
-    from tasks.tracking import tracking_uri as default_uri
+    from tasks.comparison_report import collect_runs, comparison_table, plot_curves, render_markdown
+    from tasks.mlflow_tracking import tracking_uri as default_uri
 
-    uri = tracking_uri or default_uri(load_config(None, [f"cluster.fileroot={fileroot}"]))
+    uri = tracking_uri or default_uri(parse_config().resolve({"cluster.fileroot": fileroot}))
     records = collect_runs(uri, experiment, algorithms=[a.strip() for a in algos.split(",")])
     if not records:
         err_console.print(f"no runs of {algos} in MLflow experiment {experiment!r} at {uri}")

@@ -1,16 +1,57 @@
 """Deployments a user triggers from the Prefect UI, and the nightly ablation on a cron schedule.
 
-``asyncrl deploy`` registers both with the Prefect API (``PREFECT_API_URL``) and serves them
-from this process: the UI's "Run" button (``POST /api/deployments/{id}/create_flow_run`` with
-edited parameters) starts a flow run here.
+Their entry points are the one place where a run starts from a config *path* and *overrides*
+(what the UI's run form edits): each parses them once and runs what the CLI runs.
+``asyncrl deploy`` registers both with the Prefect API (``PREFECT_API_URL``) and serves them from
+this process: the UI's "Run" button (``POST /api/deployments/{id}/create_flow_run`` with edited
+parameters) starts a flow run here.
 """
 
 from __future__ import annotations
 
-from prefect import serve
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
-from flows.ablation import ablation
-from flows.experiment import experiment
+from prefect import flow, serve
+
+from core.config import ConfigError, parse_config
+from flows.ablation import DEFAULT_ALGORITHMS, ablation, ablation_variants
+from flows.experiment import run_tracked
+
+
+@contextmanager
+def _invalid_config_for_the_ui() -> Iterator[None]:
+    """A config error fails the flow run before any work, with a message the UI shows."""
+    try:
+        yield
+    except ConfigError as err:
+        raise ValueError(f"invalid config: {err}") from None
+
+
+@flow(name="experiment-from-yaml")
+def experiment_from_yaml(
+    config_path: str = "experiments/quickstart.yaml", overrides: list[str] | None = None
+) -> dict[str, Any]:
+    """One experiment from a config file and dotted ``key=value`` overrides."""
+    with _invalid_config_for_the_ui():
+        config = parse_config(config_path, list(overrides or [])).resolve()
+    return run_tracked(config)
+
+
+@flow(name="ablation-from-yaml")
+def ablation_from_yaml(
+    config_path: str = "experiments/quickstart.yaml",
+    overrides: list[str] | None = None,
+    algorithms: list[str] | None = None,
+    seeds: int = 1,
+) -> dict[str, Any]:
+    """Algorithms × seeds of a config file and overrides, compared in MLflow."""
+    algorithms = list(algorithms or DEFAULT_ALGORITHMS)
+    with _invalid_config_for_the_ui():
+        source = parse_config(config_path, list(overrides or []))
+        ablation_variants(source, algorithms, seeds)  # every variant validates before any work
+    return ablation(source, algorithms, seeds)
 
 
 def deployments(
@@ -18,13 +59,13 @@ def deployments(
 ) -> list:
     """The two deployments: ``experiment`` (on demand) and ``nightly-ablation`` (cron)."""
     return [
-        experiment.to_deployment(
+        experiment_from_yaml.to_deployment(
             name="experiment",
             parameters={"config_path": config_path, "overrides": overrides},
             description="One experiment: edit config_path and overrides (dotted key=value) before running.",
             tags=["asyncrl"],
         ),
-        ablation.to_deployment(
+        ablation_from_yaml.to_deployment(
             name="nightly-ablation",
             cron=cron,
             parameters={
@@ -47,12 +88,5 @@ def serve_deployments(
     seeds: int = 1,
 ) -> None:
     """Register and serve until interrupted (SIGTERM pauses the deployments' schedules)."""
-    serve(
-        *deployments(
-            config_path,
-            list(overrides or []),
-            cron,
-            list(algorithms or ["grpo", "ppo", "dapo"]),
-            seeds,
-        )
-    )
+    algorithms = list(algorithms or DEFAULT_ALGORITHMS)
+    serve(*deployments(config_path, list(overrides or []), cron, algorithms, seeds))

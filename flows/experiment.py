@@ -1,31 +1,27 @@
-"""One experiment as one Prefect flow run: data → warm start → async RL → eval → report.
+"""One experiment as one Prefect flow run, recorded in one MLflow run.
 
-Parameters are what a user edits in the Prefect UI: a config path and dotted overrides. The
-flow records everything in one MLflow run (params, tags, per-step metrics, artifacts) and
-publishes the summary table as a Prefect markdown artifact.
+The flow runs the pipeline of :mod:`core.runtime.job` (data → model → SFT warm start → RL → eval
+→ report), each stage as a Prefect task, with an MLflow metric sink beside the run's own files,
+and publishes the summary table as a Prefect markdown artifact.
+
+``experiment`` takes a parsed :class:`~core.config.Config`: the CLI calls it, and the ablation and
+sweep flows run it as a subflow per variant. The deployments' entry point, where the Prefect UI
+edits a config path and overrides, parses them once and runs the same (``flows.deploy``).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from core.config import ConfigError, load_config, to_yaml
-from core.runtime.metrics import FanOut, JsonlSink, MemorySink
-from core.storage import join, local_path, write_text
-from tasks.stages import (
-    build_model_task,
-    evaluate_task,
-    prepare_data_task,
-    report_task,
-    rl_task,
-    sft_task,
-)
-from tasks.tracking import MLflowSink, log_summary, start_run, tracking_uri
+from core.config import Config, stamp_trial
+from core.runtime.job import Pipeline, StageProgress
+from core.runtime.trainer import EvalCallback
+from tasks.mlflow_tracking import MLflowSink, log_summary, start_run, tracking_uri
+from tasks.stages import prefect_stage
 
 
 def summary_markdown(summary: dict[str, Any], run_id: str) -> str:
@@ -57,70 +53,28 @@ def summary_markdown(summary: dict[str, Any], run_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-@flow(name="experiment")
-def experiment(
-    config_path: str = "experiments/quickstart.yaml",
-    overrides: list[str] | None = None,
+def run_tracked(
+    config: Config,
+    *,
     parent_run_id: str | None = None,
     run_name: str | None = None,
+    progress: StageProgress | None = None,
+    on_eval: EvalCallback | None = None,
 ) -> dict[str, Any]:
-    """Run one experiment; returns the MLflow run id, the checkpoint URL and the summary."""
-    try:
-        config = load_config(config_path, list(overrides or []))
-    except ConfigError as err:  # before any work: the UI shows this message
-        raise ValueError(f"invalid config: {err}") from None
-    if not config.experiment.trial:
-        config.experiment.trial = time.strftime("%Y%m%d-%H%M%S")
-    started = time.perf_counter()
-    timings: dict[str, float] = {}
-    write_text(join(config.run_dir, "config.yaml"), to_yaml(config))
-    with start_run(
-        config,
-        run_name=run_name or f"{config.algorithm.name}-{config.experiment.trial}",
-        parent_run_id=parent_run_id,
-    ) as run:
+    """The experiment inside the current flow run: returns the MLflow run id, checkpoints, summary."""
+    stamp_trial(config)
+    name = run_name or f"{config.algorithm.name}-{config.experiment.trial}"
+    with start_run(config, run_name=name, parent_run_id=parent_run_id) as run:
         run_id = run.info.run_id
-        memory = MemorySink()
-        sink = FanOut(
-            [
-                memory,
-                MLflowSink(run_id),
-                JsonlSink(local_path(join(config.run_dir, "metrics.jsonl"))),
-            ]
-        )
-
-        t = time.perf_counter()
-        data = prepare_data_task(config)
-        model_dir = build_model_task(config, data)
-        timings["prepare_s"] = time.perf_counter() - t
-        if config.sft.enabled and config.sft.steps > 0:
-            t = time.perf_counter()
-            model_dir = sft_task(config, model_dir, data, sink)
-            timings["sft_s"] = time.perf_counter() - t
-        rl = evaluation = None
-        t = time.perf_counter()
-        if config.actor.total_steps > 0:
-            rl = rl_task(config, model_dir, data, sink)
-        else:
-            evaluation = evaluate_task(config, model_dir, data)
-        timings["rl_s" if rl else "eval_s"] = time.perf_counter() - t
-        sft_loss = memory.series("sft/loss")
         ids = {
             "mlflow_run_id": run_id,
             "mlflow_tracking_uri": tracking_uri(config),
             "prefect_flow_run_id": str(flow_run.id or ""),
         }
-        summary = report_task(
-            config,
-            data,
-            model_dir,
-            rl,
-            evaluation,
-            timings,
-            started,
-            sft_loss[-1][1] if sft_loss else None,
-            ids,
+        pipeline = Pipeline(
+            config, prefect_stage, [MLflowSink(run_id)], progress=progress, on_eval=on_eval
         )
+        summary = pipeline.run(extra=ids)
         log_summary(run_id, summary)
         create_markdown_artifact(
             markdown=summary_markdown(summary, run_id),
@@ -132,3 +86,22 @@ def experiment(
         "checkpoint_url": summary.get("checkpoint_url"),
         "summary": summary,
     }
+
+
+# Parameters are live objects (a Config, callbacks): Prefect records them, and needs no validation.
+@flow(name="experiment", validate_parameters=False)
+def experiment(
+    config: Config,
+    parent_run_id: str | None = None,
+    run_name: str | None = None,
+    progress: StageProgress | None = None,
+    on_eval: EvalCallback | None = None,
+) -> dict[str, Any]:
+    """Run one experiment; returns the MLflow run id, the checkpoint URL and the summary.
+
+    ``parent_run_id`` nests the MLflow run (an ablation's or sweep's child); ``progress`` and
+    ``on_eval`` are the pipeline's hooks (a progress display; Optuna's pruning callback).
+    """
+    return run_tracked(
+        config, parent_run_id=parent_run_id, run_name=run_name, progress=progress, on_eval=on_eval
+    )

@@ -27,11 +27,10 @@ from omegaconf import OmegaConf
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from core.config import ConfigError, load_config
+from core.config import ConfigError, ConfigSource
 from core.storage import is_local, join, local_path, write_json
 from flows.experiment import experiment
-from tasks.hooks import set_eval_callback
-from tasks.tracking import start_run
+from tasks.mlflow_tracking import start_run
 
 OBJECTIVES = ("accuracy", "accuracy_per_second")
 KINDS = ("categorical", "float", "int")
@@ -63,8 +62,8 @@ class SearchSpace:
         return values
 
 
-def load_space(path: str | Path, config_path: str, overrides: list[str]) -> SearchSpace:
-    """Read the space and check every key against the config schema before any trial runs."""
+def load_space(path: str | Path, source: ConfigSource) -> SearchSpace:
+    """Read the space and check every key against the config before any trial runs."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"search space file not found: {path}")
@@ -85,7 +84,7 @@ def load_space(path: str | Path, config_path: str, overrides: list[str]) -> Sear
             raise ValueError(f"{path}: params.{key} needs type one of {list(KINDS)}")
         probe = spec["choices"][0] if spec["type"] == "categorical" else spec["low"]
         try:  # the key must exist in the schema and accept this kind of value
-            load_config(config_path, [*overrides, f"{key}={probe}"])
+            source.resolve({key: probe}, label=str(path))
         except ConfigError as err:
             raise ValueError(f"{path}: params.{key}: {err}") from None
     return space
@@ -101,19 +100,16 @@ def default_storage(fileroot: str, experiment_name: str) -> str:
     return f"sqlite:///{root.resolve() / 'optuna.db'}"
 
 
-@flow(name="sweep")
+@flow(name="sweep", validate_parameters=False)
 def sweep(
-    config_path: str = "experiments/quickstart.yaml",
-    space_path: str = "experiments/sweeps/staleness.yaml",
-    overrides: list[str] | None = None,
+    source: ConfigSource,
+    space: SearchSpace,
     n_trials: int = 8,
     storage: str | None = None,
     study_name: str | None = None,
 ) -> dict[str, Any]:
     """Run ``n_trials`` trials; returns the study name, storage, best parameters and value."""
-    overrides = list(overrides or [])
-    base = load_config(config_path, overrides)
-    space = load_space(space_path, config_path, overrides)
+    base = source.resolve()
     stamp = base.experiment.trial or time.strftime("%Y%m%d-%H%M%S")
     study_name = study_name or f"{base.experiment.name}-sweep-{stamp}"
     storage = storage or default_storage(base.cluster.fileroot, base.experiment.name)
@@ -126,56 +122,43 @@ def sweep(
         pruner=optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0),
     )
     child_runs: dict[int, str] = {}
-    with start_run(
-        base, run_name=study_name, tags={"kind": "sweep", "optuna_study": study_name}
-    ) as parent:
+    tags = {"kind": "sweep", "optuna_study": study_name}
+    with start_run(base, run_name=study_name, tags=tags) as parent:
         parent_id = parent.info.run_id
 
         def objective(trial: optuna.Trial) -> float:
-            values = space.suggest(trial)
-            trial_overrides = [f"{key}={value}" for key, value in values.items()]
+            name = f"trial-{trial.number}"
+            values = {**space.suggest(trial), "experiment.trial": f"{stamp}-{name}"}
+            config = source.resolve(values, label=f"sweep {name}")
 
             def report(version: int, accuracy: float) -> None:
                 trial.report(accuracy, version)
                 if trial.should_prune():
                     raise optuna.TrialPruned(f"accuracy {accuracy:.3f} at version {version}")
 
-            name = f"trial-{trial.number}"
-            set_eval_callback(report)
-            try:
-                result = experiment.with_options(flow_run_name=f"{study_name}-{name}")(
-                    config_path,
-                    [*overrides, *trial_overrides, f"experiment.trial={stamp}-{name}"],
-                    parent_run_id=parent_id,
-                    run_name=name,
-                )
-            finally:
-                set_eval_callback(None)
+            result = experiment.with_options(flow_run_name=f"{study_name}-{name}")(
+                config, parent_run_id=parent_id, run_name=name, on_eval=report
+            )
             child_runs[trial.number] = result["mlflow_run_id"]
             summary = result["summary"]
-            accuracy = (
-                summary["accuracy_after"]
-                if summary.get("accuracy_after") is not None
-                else summary["accuracy_before"]
-            )
+            accuracy = summary["accuracy_after"]
+            if accuracy is None:
+                accuracy = summary["accuracy_before"]
             if space.objective == "accuracy_per_second":
                 return accuracy / max(summary["wall_seconds"], 1e-9)
             return accuracy
 
         study.optimize(objective, n_trials=n_trials, catch=())
-        _tag_trials(
-            study, child_runs, parent_id, base.tracking.mlflow_experiment or base.experiment.name
-        )
+        experiment_name = base.tracking.mlflow_experiment or base.experiment.name
+        _tag_trials(study, child_runs, parent_id, experiment_name)
         completed = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-        best = (
-            {
+        best = None
+        if completed:
+            best = {
                 "params": study.best_params,
                 "value": study.best_value,
                 "number": study.best_trial.number,
             }
-            if completed
-            else None
-        )
         result = {
             "study_name": study_name,
             "storage": storage,

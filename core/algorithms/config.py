@@ -7,11 +7,12 @@ plain strings checked in ``__post_init__``). Presets are plain dicts of field ov
     cfg = algorithm_config("dapo", group_size=8)
 """
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from core.algorithms.aggregation import AGGREGATION_MODES
 from core.algorithms.kl import KL_ESTIMATORS
 from core.algorithms.policy_loss import BEHAVIOUR_MASK_MODES, IMPORTANCE_LEVELS
+from core.schema import documented
 
 ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
@@ -22,114 +23,77 @@ class AlgorithmConfig:
     """All algorithm knobs; see ``PRESETS`` for named recipes and docs/algorithms.md."""
 
     # --- Identity ---------------------------------------------------------------------------
-    name: str = field(default="custom", metadata={"help": "Preset this config came from."})
+    name: str = documented("custom", "Preset this config came from.")
 
     # --- Advantage estimation ---------------------------------------------------------------
-    adv_estimator: str = field(
-        default="grpo",
-        metadata={"help": f"Advantage estimator, one of {ADV_ESTIMATORS}."},
-    )
-    group_size: int = field(default=8, metadata={"help": "Responses sampled per prompt (a group)."})
-    normalize_std: bool = field(
-        default=True,
-        metadata={"help": "GRPO: divide by the group std (False = Dr.GRPO)."},
-    )
-    gamma: float = field(default=1.0, metadata={"help": "Discount (GAE, REINFORCE++)."})
-    lam: float = field(default=1.0, metadata={"help": "GAE lambda."})
+    adv_estimator: str = documented("grpo", f"Advantage estimator, one of {ADV_ESTIMATORS}.")
+    group_size: int = documented(8, "Responses sampled per prompt (a group).")
+    normalize_std: bool = documented(True, "GRPO: divide by the group std (False = Dr.GRPO).")
+    gamma: float = documented(1.0, "Discount (GAE, REINFORCE++).")
+    lam: float = documented(1.0, "GAE lambda.")
 
     # --- Reward shaping ---------------------------------------------------------------------
-    reward_bias: float = field(default=0.0, metadata={"help": "Added to rewards first."})
-    reward_scale: float = field(default=1.0, metadata={"help": "Multiplies (reward + bias)."})
-    reward_clip: float | None = field(
-        default=None, metadata={"help": "Clip shaped rewards to [-c, c]; None = off."}
+    reward_bias: float = documented(0.0, "Added to rewards first.")
+    reward_scale: float = documented(1.0, "Multiplies (reward + bias).")
+    reward_clip: float | None = documented(None, "Clip shaped rewards to [-c, c]; None = off.")
+    overlong_reward_penalty: bool = documented(False, "DAPO soft overlong punishment on/off.")
+    overlong_buffer_len: int = documented(4096, "DAPO L_cache: length of the soft-penalty zone.")
+    overlong_penalty_factor: float = documented(1.0, "Penalty at (and beyond) the maximum length.")
+    overlong_max_len: int | None = documented(
+        None, "DAPO L_max; None = the rollout's max_new_tokens."
     )
-    overlong_reward_penalty: bool = field(
-        default=False, metadata={"help": "DAPO soft overlong punishment on/off."}
-    )
-    overlong_buffer_len: int = field(
-        default=4096, metadata={"help": "DAPO L_cache: length of the soft-penalty zone."}
-    )
-    overlong_penalty_factor: float = field(
-        default=1.0, metadata={"help": "Penalty at (and beyond) the maximum length."}
-    )
-    overlong_max_len: int | None = field(
-        default=None,
-        metadata={"help": "DAPO L_max; None = the rollout's max_new_tokens."},
-    )
-    kl_in_reward_coef: float = field(
-        default=0.0, metadata={"help": "beta of the KL-to-reference penalty in the reward."}
-    )
+    kl_in_reward_coef: float = documented(0.0, "beta of the KL-to-reference penalty in the reward.")
 
     # --- Sampling (temperature lives in rollout.temperature; the learner scales the same) -----
-    dynamic_sampling: bool = field(
-        default=False,
-        metadata={"help": "DAPO: drop groups whose rewards are all equal."},
-    )
+    dynamic_sampling: bool = documented(False, "DAPO: drop groups whose rewards are all equal.")
 
     # --- Policy loss ------------------------------------------------------------------------
-    eps_clip: float = field(default=0.2, metadata={"help": "PPO clip range (low side)."})
-    eps_clip_high: float | None = field(
-        default=None, metadata={"help": "Upper clip range; None = eps_clip (symmetric)."}
+    eps_clip: float = documented(0.2, "PPO clip range (low side).")
+    eps_clip_high: float | None = documented(None, "Upper clip range; None = eps_clip (symmetric).")
+    dual_clip: float | None = documented(None, "Dual-clip constant c > 1; None = off.")
+    importance_level: str = documented(
+        "token", f"Ratio level, one of {IMPORTANCE_LEVELS} (sequence = GSPO)."
     )
-    dual_clip: float | None = field(
-        default=None, metadata={"help": "Dual-clip constant c > 1; None = off."}
+    loss_aggregation: str = documented(
+        "token-mean", f"Loss aggregation, one of {AGGREGATION_MODES}."
     )
-    importance_level: str = field(
-        default="token",
-        metadata={"help": f"Ratio level, one of {IMPORTANCE_LEVELS} (sequence = GSPO)."},
+    loss_norm_constant: float | None = documented(
+        None, "Constant length C of seq-mean-token-sum-norm; None = padded width."
     )
-    loss_aggregation: str = field(
-        default="token-mean",
-        metadata={"help": f"Loss aggregation, one of {AGGREGATION_MODES}."},
-    )
-    loss_norm_constant: float | None = field(
-        default=None,
-        metadata={"help": "Constant length C of seq-mean-token-sum-norm; None = padded width."},
-    )
-    ppo_n_minibatches: int = field(
-        default=4, metadata={"help": "Optimiser steps per training batch."}
-    )
+    ppo_n_minibatches: int = documented(4, "Optimiser steps per training batch.")
 
     # --- Asynchronous (decoupled) PPO -------------------------------------------------------
-    decoupled: bool = field(
-        default=True,
-        metadata={"help": "Decoupled PPO: clip against proximal logprobs, weight by prox/behav."},
+    decoupled: bool = documented(
+        True, "Decoupled PPO: clip against proximal logprobs, weight by prox/behav."
     )
-    behaviour_cap: float | None = field(
-        default=5.0, metadata={"help": "Cap on the behaviour weight prox/behav; None = off."}
+    behaviour_cap: float | None = documented(
+        5.0, "Cap on the behaviour weight prox/behav; None = off."
     )
-    behaviour_mask_mode: str = field(
-        default="mask",
-        metadata={"help": f"Above the cap: {BEHAVIOUR_MASK_MODES} (truncate or drop)."},
+    behaviour_mask_mode: str = documented(
+        "mask", f"Above the cap: {BEHAVIOUR_MASK_MODES} (truncate or drop)."
     )
-    behaviour_level: str = field(
-        default="token",
-        metadata={"help": f"Behaviour weight level, one of {IMPORTANCE_LEVELS}."},
+    behaviour_level: str = documented(
+        "token", f"Behaviour weight level, one of {IMPORTANCE_LEVELS}."
     )
-    use_loglinear_proximal: bool = field(
-        default=False,
-        metadata={"help": "Approximate proximal logprobs log-linearly instead of recomputing."},
+    use_loglinear_proximal: bool = documented(
+        False, "Approximate proximal logprobs log-linearly instead of recomputing."
     )
 
     # --- KL / entropy regularisation --------------------------------------------------------
-    kl_coef: float = field(default=0.0, metadata={"help": "KL-to-reference loss coefficient."})
-    kl_estimator: str = field(
-        default="k3", metadata={"help": f"KL estimator, one of {KL_ESTIMATORS}."}
-    )
-    entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus coefficient."})
+    kl_coef: float = documented(0.0, "KL-to-reference loss coefficient.")
+    kl_estimator: str = documented("k3", f"KL estimator, one of {KL_ESTIMATORS}.")
+    entropy_coef: float = documented(0.0, "Entropy bonus coefficient.")
 
     # --- Critic -----------------------------------------------------------------------------
-    use_critic: bool = field(default=False, metadata={"help": "Train a value model (GAE)."})
-    value_clip: float | None = field(
-        default=0.5, metadata={"help": "Value clip range; None = unclipped."}
-    )
-    value_loss_coef: float = field(default=0.5, metadata={"help": "Weight of the value loss."})
+    use_critic: bool = documented(False, "Train a value model (GAE).")
+    value_clip: float | None = documented(0.5, "Value clip range; None = unclipped.")
+    value_loss_coef: float = documented(0.5, "Weight of the value loss.")
 
     # --- Optimisation -----------------------------------------------------------------------
-    lr: float = field(default=1e-6, metadata={"help": "Policy learning rate."})
-    critic_lr: float = field(default=1e-5, metadata={"help": "Critic learning rate."})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    lr: float = documented(1e-6, "Policy learning rate.")
+    critic_lr: float = documented(1e-5, "Critic learning rate.")
+    weight_decay: float = documented(0.01, "AdamW weight decay.")
+    max_grad_norm: float = documented(1.0, "Gradient clipping norm.")
 
     def __post_init__(self) -> None:
         _validate(self)

@@ -16,7 +16,9 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from core.schema import documented
 
 logger = logging.getLogger(__name__)
 
@@ -56,43 +58,29 @@ _STEP_TEMPLATES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
-
-
 @dataclass
 class SyntheticSpec:
     """Knobs of the synthetic problem generator."""
 
-    min_steps: int = field(default=1, metadata=_help("Fewest operations per problem."))
-    max_steps: int = field(default=2, metadata=_help("Most operations per problem."))
-    max_operand: int = field(
-        default=10, metadata=_help("Largest starting count and added/removed amount.")
-    )
+    min_steps: int = documented(1, "Fewest operations per problem.")
+    max_steps: int = documented(2, "Most operations per problem.")
+    max_operand: int = documented(10, "Largest starting count and added/removed amount.")
     # A list (not a tuple/Sequence) so that OmegaConf structured configs accept the field.
-    operations: list[str] = field(
-        default_factory=lambda: list(OPERATIONS),
-        metadata=_help("Allowed operations, a subset of '+', '-', '*'."),
+    operations: list[str] = documented(
+        list(OPERATIONS), "Allowed operations, a subset of '+', '-', '*'."
     )
-    max_multiplier: int = field(
-        default=3, metadata=_help("Multiplication is by 2..max_multiplier, so numbers stay small.")
+    max_multiplier: int = documented(
+        3, "Multiplication is by 2..max_multiplier, so numbers stay small."
     )
-    direct_fraction: float = field(
-        default=0.5,
-        metadata=_help("Share of TRAINING solutions that are answer-only ('#### N')."),
+    direct_fraction: float = documented(
+        0.5, "Share of TRAINING solutions that are answer-only ('#### N')."
     )
-    worked_phrasings: int = field(
-        default=2, metadata=_help("How many different worked-solution phrasings to use.")
-    )
-    annotate: bool = field(
-        default=True, metadata=_help("Add GSM8K '<<a+b=c>>' calculator annotations to steps.")
-    )
-    tool_calls: bool = field(
-        default=False,
-        metadata=_help(
-            "Write worked steps as agent tool calls, '<calc>7-2</calc><result>5</result>', for the "
-            "tool-agent workflow (the environment fills in <result> at rollout time)."
-        ),
+    worked_phrasings: int = documented(2, "How many different worked-solution phrasings to use.")
+    annotate: bool = documented(True, "Add GSM8K '<<a+b=c>>' calculator annotations to steps.")
+    tool_calls: bool = documented(
+        False,
+        "Write worked steps as agent tool calls, '<calc>7-2</calc><result>5</result>', for the "
+        "tool-agent workflow (the environment fills in <result> at rollout time).",
     )
 
     def __post_init__(self) -> None:

@@ -9,6 +9,8 @@ before anything else because they hold intermediate results, never the answer.
 import math
 import re
 
+from core.rewards.registry import with_completion_metrics
+
 # Answers are parsed from text, not computed, so equal answers parse to equal floats; the
 # tolerance only absorbs "18.0000000001"-style noise. A relative 1e-6 would be too loose:
 # GSM8K has answers up to 192,000,000, and 1e-6 would accept 1,450,001 for 1,450,000.
@@ -165,3 +167,7 @@ def is_direct_answer(completion: str) -> bool:
         return False
     before = completion[: marker[0]]
     return "=" not in before and _ANNOTATION.search(before) is None
+
+
+# What RL changes on the synthetic task: answer-only completions give way to worked ones.
+with_completion_metrics(direct_share=is_direct_answer)(gsm8k_reward)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 logger = logging.getLogger(__name__)
 
 RewardFn = Callable[[str, str], float]
+CompletionMetric = Callable[[str], float]
 
 _PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
@@ -54,6 +55,27 @@ def resolve_reward(path: str) -> RewardFn:
         raise ValueError(f"reward {path!r} is a {type(target).__name__}, not a callable")
     _check_arity(target, path)
     return target
+
+
+def with_completion_metrics(**metrics: CompletionMetric) -> Callable[[RewardFn], RewardFn]:
+    """Declare a task's own eval metrics on its reward function.
+
+    The held-out eval reports the mean of each ``metric(completion)`` beside accuracy (GSM8K
+    declares ``direct_share``: how often the model answers without working). Generic code never
+    names a task's metrics; it asks :func:`completion_metrics`.
+    """
+
+    def attach(fn: RewardFn) -> RewardFn:
+        fn.completion_metrics = dict(metrics)  # type: ignore[attr-defined]
+        return fn
+
+    return attach
+
+
+def completion_metrics(reward: str | RewardFn) -> dict[str, CompletionMetric]:
+    """The metrics a reward function declared with :func:`with_completion_metrics` (maybe none)."""
+    fn = resolve_reward(reward) if isinstance(reward, str) else reward
+    return dict(getattr(fn, "completion_metrics", {}))
 
 
 class SafeReward:

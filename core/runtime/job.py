@@ -1,11 +1,21 @@
-"""The main job as a plain function: data → model → SFT warm start → async RL → eval → summary.json."""
+"""The experiment pipeline — the one place the stage order lives::
+
+    prepare_data → build_model → sft_warm_start → rl_train (or evaluate, with no RL steps) → report
+
+:class:`Pipeline` runs the stages of :mod:`core.runtime.stages`. *How* each stage runs is a hook,
+a :class:`StageRunner`: :func:`call_stage` calls it (``asyncrl run --plain``, benchmarks, tests);
+the experiment flow passes one that runs it as a Prefect task (``tasks.stages.prefect_stage``).
+Metrics go to ``metrics.jsonl`` and to any extra sinks (the flow adds MLflow's); the summary goes
+to ``summary.json``.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -13,77 +23,121 @@ from core.config import Config, config_hash, to_yaml
 from core.evaluation import EvalResult
 from core.runtime.metrics import FanOut, JsonlSink, MemorySink, MetricSink
 from core.runtime.sft import sft_warm_start
-from core.runtime.stages import PreparedData, build_or_load_model, evaluate_model, prepare_data
-from core.runtime.trainer import RLResult, Trainer
+from core.runtime.stages import (
+    PreparedData,
+    build_or_load_model,
+    evaluate_model,
+    prepare_data,
+    rl_train,
+)
+from core.runtime.trainer import EvalCallback, RLResult
 from core.storage import join, local_path, upload_file, write_json, write_text
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # (stage name, total units or None) -> callback advancing that stage by n units
 StageProgress = Callable[[str, int | None], Callable[[int], None]]
 
 
-def run_experiment(
-    config: Config, progress: StageProgress | None = None, sink: MetricSink | None = None
-) -> dict[str, Any]:
-    """Run every configured stage; returns the summary also written to ``{run_dir}/summary.json``."""
-    torch.set_num_threads(max(1, config.scheduler.torch_threads))
-    started = time.perf_counter()
-    write_text(join(config.run_dir, "config.yaml"), to_yaml(config))
-    memory = MemorySink()
-    sinks: list[MetricSink] = [memory, JsonlSink(local_path(join(config.run_dir, "metrics.jsonl")))]
-    sink = FanOut([*sinks, sink] if sink is not None else sinks)
-    timings: dict[str, float] = {}
+class StageRunner(Protocol):
+    """Runs one stage: ``runner(name, fn, *args)`` returns ``fn(*args)``, however it gets there."""
 
-    def stage(name: str, total: int | None = None) -> Callable[[int], None]:
-        return progress(name, total) if progress else (lambda n: None)
+    def __call__(self, name: str, fn: Callable[..., T], /, *args: Any) -> T: ...
 
-    def timed(key: str, fn: Callable[[], Any]) -> Any:
-        t = time.perf_counter()
-        result = fn()
-        timings[key] = time.perf_counter() - t
+
+def call_stage(name: str, fn: Callable[..., T], /, *args: Any) -> T:
+    """The plain runner: call the stage."""
+    return fn(*args)
+
+
+@dataclass
+class Pipeline:
+    """One experiment's stages, in order, with the hooks that observe them."""
+
+    config: Config
+    run_stage: StageRunner = call_stage
+    sinks: Sequence[MetricSink] = ()  # extra metric sinks (MLflow's in the flow)
+    progress: StageProgress | None = None
+    on_eval: EvalCallback | None = None  # (version, accuracy) after each held-out eval
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
+
+    def __post_init__(self) -> None:
+        path = local_path(join(self.config.run_dir, "metrics.jsonl"))
+        self.memory = MemorySink()
+        self.sink = FanOut([self.memory, JsonlSink(path), *self.sinks])
+
+    def run(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Every stage; returns the summary (with ``extra`` added) also written to summary.json."""
+        cfg = self.config
+        torch.set_num_threads(max(1, cfg.scheduler.torch_threads))
+        started = time.perf_counter()
+        write_text(join(cfg.run_dir, "config.yaml"), to_yaml(cfg))
+        data, model_dir = self.warm_start()
+        rl = evaluation = None
+        if cfg.learner.total_steps > 0:
+            ticks = self._ticks("rl_train", cfg.learner.total_steps)
+            rl = self._stage(
+                "rl_train", rl_train, cfg, model_dir, data, self.sink, ticks, self.on_eval
+            )
+        else:
+            n = min(cfg.eval.n_problems or len(data.test), len(data.test))
+            ticks = self._ticks("evaluate", n)
+            evaluation = self._stage("evaluate", evaluate_model, cfg, model_dir, data.test, ticks)
+        sft_loss = self.memory.series("sft/loss")
+        facts = {
+            "timings": dict(self.timings),  # up to the report
+            "wall_seconds": time.perf_counter() - started,
+            "sft_final_loss": sft_loss[-1][1] if sft_loss else None,
+            **(extra or {}),
+        }
+        return self._stage("report", report, cfg, data, model_dir, rl, evaluation, facts)
+
+    def warm_start(self) -> tuple[PreparedData, str]:
+        """The stages before RL: data, the initial model and its SFT warm start (if enabled)."""
+        cfg = self.config
+        self._ticks("prepare_data")
+        data = self._stage("prepare_data", prepare_data, cfg)
+        self._ticks("build_model")
+        model_dir = self._stage("build_model", build_or_load_model, cfg, data)
+        if cfg.sft.enabled and cfg.sft.steps > 0:
+            ticks = self._ticks("sft_warm_start", cfg.sft.steps)
+            model_dir = self._stage(
+                "sft_warm_start", sft_warm_start, cfg, model_dir, data.train, self.sink, ticks
+            )
+        return data, str(model_dir)
+
+    def _stage(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+        started = time.perf_counter()
+        result = self.run_stage(name, fn, *args)
+        self.timings[f"{name}_s"] = time.perf_counter() - started
         return result
 
-    stage("prepare data")
-    data = timed("prepare_data_s", lambda: prepare_data(config))
-    stage("build model")
-    model_dir = timed("build_model_s", lambda: build_or_load_model(config, data))
-    if config.sft.enabled and config.sft.steps > 0:
-        tick = stage("SFT warm start", config.sft.steps)
-        model_dir = timed(
-            "sft_s", lambda: sft_warm_start(config, model_dir, data.train, sink, tick)
-        )
+    def _ticks(self, name: str, total: int | None = None) -> Callable[[int], None] | None:
+        return self.progress(name, total) if self.progress is not None else None
 
-    rl = eval_result = None
-    if config.actor.total_steps > 0:
-        trainer = Trainer(
-            config,
-            model_dir,
-            data.train,
-            data.test,
-            sink,
-            on_step=stage("RL", config.actor.total_steps),
-        )
-        rl = timed("rl_s", trainer.run)
-    else:
-        n_eval = min(config.eval.n_problems or len(data.test), len(data.test))
-        eval_result = timed(
-            "eval_s",
-            lambda: evaluate_model(
-                config, model_dir, data.test, on_batch=stage("evaluate", n_eval)
-            ),
-        )
-    summary = summarize(
-        config,
-        data,
-        str(model_dir),
-        rl=rl,
-        eval_result=eval_result,
-        timings=timings,
-        wall_seconds=time.perf_counter() - started,
-        sft_final_loss=_last(memory, "sft/loss"),
-    )
-    finish_run_files(config, summary)
+
+def run_experiment(config: Config, **hooks: Any) -> dict[str, Any]:
+    """Run every stage of ``config`` (see :class:`Pipeline` for the hooks); returns the summary."""
+    return Pipeline(config, **hooks).run()
+
+
+def report(
+    config: Config,
+    data: PreparedData,
+    model_dir: str,
+    rl: RLResult | None,
+    evaluation: EvalResult | None,
+    facts: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The run's ``summary.json`` (next to the run, with the locally grown logs uploaded)."""
+    summary = summarize(config, data, model_dir, rl=rl, evaluation=evaluation)
+    summary.update(facts)
+    for name in ("metrics.jsonl", "batches.jsonl"):  # written locally as they grow
+        if local_path(join(config.run_dir, name)).exists():
+            upload_file(local_path(join(config.run_dir, name)), join(config.run_dir, name))
+    write_json(join(config.run_dir, "summary.json"), summary)
+    logger.info("summary written to %s", join(config.run_dir, "summary.json"))
     return summary
 
 
@@ -93,12 +147,9 @@ def summarize(
     model_dir: str,
     *,
     rl: RLResult | None,
-    eval_result: EvalResult | None,
-    timings: dict[str, float],
-    wall_seconds: float,
-    sft_final_loss: float | None,
+    evaluation: EvalResult | None,
 ) -> dict[str, Any]:
-    """The run's ``summary.json``: where things are and the numbers a reader looks for first."""
+    """Where things are and the numbers a reader looks for first."""
     summary: dict[str, Any] = {
         "experiment": config.experiment.name,
         "trial": config.experiment.trial,
@@ -115,41 +166,30 @@ def summarize(
             "test_url": data.test_url,
         },
         "model_dir": model_dir,
-        "sft_final_loss": sft_final_loss,
-        "timings": timings,
-        "wall_seconds": wall_seconds,
     }
     if rl is not None:
-        summary.update(
-            accuracy_before=rl.evals[0]["accuracy"], accuracy_after=rl.evals[-1]["accuracy"],
-            evals=rl.evals, steps=rl.steps_run, version=rl.version, final_model_dir=rl.final_model_dir,
-            checkpoint_url=rl.checkpoint_url, rollout=rl.rollout_stats, **rl.summary,
-        )  # fmt: skip
         staleness = rl.rollout_stats.get("staleness", {})
         n = sum(staleness.values())
-        summary["mean_staleness"] = sum(int(k) * v for k, v in staleness.items()) / n if n else 0.0
-        summary["max_staleness_seen"] = max((int(k) for k in staleness), default=0)
-    elif eval_result is not None:
         summary.update(
-            accuracy_before=eval_result.accuracy,
+            accuracy_before=rl.evals[0]["accuracy"],
+            accuracy_after=rl.evals[-1]["accuracy"],
+            evals=rl.evals,
+            steps=rl.steps_run,
+            version=rl.version,
+            final_model_dir=rl.final_model_dir,
+            checkpoint_url=rl.checkpoint_url,
+            rollout=rl.rollout_stats,
+            mean_staleness=sum(int(k) * v for k, v in staleness.items()) / n if n else 0.0,
+            max_staleness_seen=max((int(k) for k in staleness), default=0),
+            **rl.summary,
+        )
+    elif evaluation is not None:
+        summary.update(
+            accuracy_before=evaluation.accuracy,
             accuracy_after=None,
-            eval_before=eval_result.to_dict(),
+            eval_before=evaluation.to_dict(),
             steps=0,
             final_model_dir=model_dir,
             checkpoint_url=None,
         )
     return summary
-
-
-def finish_run_files(config: Config, summary: dict[str, Any]) -> None:
-    """Upload the locally grown logs next to the run (remote fileroot) and write summary.json."""
-    for name in ("metrics.jsonl", "batches.jsonl"):  # written locally as they grow
-        if local_path(join(config.run_dir, name)).exists():
-            upload_file(local_path(join(config.run_dir, name)), join(config.run_dir, name))
-    write_json(join(config.run_dir, "summary.json"), summary)
-    logger.info("summary written to %s", join(config.run_dir, "summary.json"))
-
-
-def _last(memory: MemorySink, key: str) -> float | None:
-    series = memory.series(key)
-    return series[-1][1] if series else None

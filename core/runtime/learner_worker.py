@@ -44,7 +44,7 @@ class LearnerWorker:
         self.algo: AlgorithmConfig = config.algorithm
         a, s = config.algorithm, config.sft
         common = dict(
-            micro_batch_tokens=config.actor.micro_batch_tokens,
+            micro_batch_tokens=config.learner.micro_batch_tokens,
             dtype=config.model.dtype,
             seed=config.experiment.seed,
             temperature=config.rollout.temperature,
@@ -63,7 +63,7 @@ class LearnerWorker:
             )
             self.critic = None
             return
-        steps = config.actor.total_steps * a.ppo_n_minibatches
+        steps = config.learner.total_steps * a.ppo_n_minibatches
         reference = model_dir if a.kl_coef > 0 or a.kl_in_reward_coef > 0 else None
         self.policy = Learner(
             model_dir,

@@ -90,8 +90,8 @@ class LearnerGroup:
 
 
 def start_learners(config: Config, model_dir: str, *, mode: str = "rl") -> LearnerGroup:
-    """``actor.n_ranks`` learner ranks forming one FSDP2 process group (gloo on CPU)."""
-    n = config.actor.n_ranks
+    """``learner.n_ranks`` learner ranks forming one FSDP2 process group (gloo on CPU)."""
+    n = config.learner.n_ranks
     if n == 1 and config.scheduler.type == "local":
         return LearnerGroup(
             [InProcessActor(LearnerWorker, config, model_dir, mode=mode, name="learner")]

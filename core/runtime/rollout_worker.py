@@ -9,8 +9,6 @@ so the same class runs in-process, as a Ray actor, or behind a process boundary.
 from __future__ import annotations
 
 import asyncio
-import copy
-import dataclasses
 import importlib
 import logging
 import threading
@@ -22,9 +20,10 @@ import torch
 
 from core.config import Config
 from core.data.dataloader import ResumableDataLoader
+from core.evaluation import evaluate_workflow
 from core.inference.api import InferenceEngine, WeightSource
 from core.models import load_tokenizer
-from core.rewards.gsm8k import is_direct_answer
+from core.rewards.registry import completion_metrics
 from core.rollout.api import Group, Workflow
 from core.rollout.executor import RolloutExecutor
 
@@ -171,24 +170,9 @@ class RolloutWorker:
         return {"dataloader": loader_state, "counters": self.executor.counters.as_dict()}
 
     async def _evaluate(self, samples: list[dict], max_new_tokens: int) -> dict[str, Any]:
-        # The training workflow itself, decoding greedily: an agent's eval runs its tools too.
-        greedy = copy.copy(self.workflow)
-        greedy.sampling = dataclasses.replace(
-            self.workflow.sampling,
-            temperature=0.0,
-            top_p=1.0,
-            top_k=0,
-            max_new_tokens=max_new_tokens,
-        )
-
-        async def one(sample: dict) -> tuple[float, str]:
-            trajectory = await greedy.run_episode(self.engine, sample)
-            return trajectory.reward, trajectory.metadata.get("completion", "")
-
-        results = await asyncio.gather(*(one(s) for s in samples))
-        n = len(results)
-        return {
-            "n": n,
-            "accuracy": sum(r for r, _ in results) / n,
-            "direct_share": sum(is_direct_answer(t) for _, t in results) / n,
-        }
+        c = self.config
+        result = await evaluate_workflow(
+            self.engine, self.workflow, samples, max_new_tokens=max_new_tokens,
+            max_concurrent=c.eval.max_concurrent, metrics=completion_metrics(c.rollout.reward_fn),
+        )  # fmt: skip
+        return result.to_dict()

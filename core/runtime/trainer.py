@@ -1,6 +1,6 @@
 """The RL train loop: one loop for every algorithm preset, synchronous (η = 0) or asynchronous.
 
-Per step (DESIGN.md, "The async loop"):
+Per step (docs/design.md, "The async loop"):
 
     prepare_batch under η  →  critic values / reference log-probs if the preset needs them
     →  advantages  →  proximal log-probs + ppo_n_minibatches updates (learner ranks)  →  version+1
@@ -34,10 +34,13 @@ from core.runtime.advantages import with_advantages
 from core.runtime.checkpointing import CheckpointManager
 from core.runtime.metrics import MetricSink
 from core.runtime.placement import LearnerGroup, start_learners, start_rollout
-from core.storage import is_local, join, local_path, upload_dir
+from core.storage import download_dir, join, local_path, upload_dir
 from core.training import TrainBatch, collate
 
 logger = logging.getLogger(__name__)
+
+# (version, held-out accuracy) after each eval; may raise to stop the run (Optuna pruning).
+EvalCallback = Callable[[int, float], None]
 
 
 @dataclass
@@ -91,7 +94,7 @@ class Trainer:
         test: list[dict],
         sink: MetricSink,
         on_step: Callable[[int], None] | None = None,
-        on_eval: Callable[[int, float], None] | None = None,
+        on_eval: EvalCallback | None = None,
     ) -> None:
         self.config = config
         self.model_dir = str(model_dir)
@@ -99,7 +102,7 @@ class Trainer:
         self.test = test[: config.eval.n_problems or len(test)]
         self.sink = sink
         self.on_step = on_step
-        self.on_eval = on_eval  # (version, accuracy); may raise to stop early (e.g. Optuna pruning)
+        self.on_eval = on_eval
         self.ckpt = CheckpointManager(checkpoint_url(config), config.checkpoint.keep_last)
         self.publish_root = local_path(join(config.run_dir, "weights"))
         self.pad_id = load_tokenizer(config.model.tokenizer_path or model_dir).pad_token_id
@@ -133,9 +136,9 @@ class Trainer:
             }
             run_started = self._started = time.perf_counter()
             self._paused = 0.0  # eval and checkpoint seconds since the RL clock started
-            for step in range(start, cfg.actor.total_steps):
+            for step in range(start, cfg.learner.total_steps):
                 version = self._step(step, learners, rollout, totals)
-                last = step + 1 == cfg.actor.total_steps
+                last = step + 1 == cfg.learner.total_steps
                 if self._due(cfg.eval.every_n_steps, step) and not last:
                     self._evaluate(rollout, version)
                 if self._due(cfg.checkpoint.every_n_steps, step) or last:
@@ -152,7 +155,7 @@ class Trainer:
         return RLResult(
             final_model_dir=final_dir,
             version=version,
-            steps_run=cfg.actor.total_steps - start,
+            steps_run=cfg.learner.total_steps - start,
             checkpoint_url=self.ckpt.url,
             evals=self.evals,
             summary=self._summary(totals),
@@ -257,10 +260,8 @@ class Trainer:
         )
         self._paused += seconds
         self.evals.append(result)
-        self.sink.log_metrics(
-            {"eval/accuracy": result["accuracy"], "eval/direct_share": result["direct_share"]},
-            version,
-        )
+        task_metrics = {f"eval/{name}": value for name, value in result["metrics"].items()}
+        self.sink.log_metrics({"eval/accuracy": result["accuracy"], **task_metrics}, version)
         logger.info(
             "eval at version %d: accuracy %.3f (n=%d)", version, result["accuracy"], result["n"]
         )
@@ -300,11 +301,7 @@ class Trainer:
             )
         _set_rng_state(recover["rng"])
         self.evals = list(recover.get("evals", []))
-        hf_url = join(self.ckpt.path(latest), "hf")
-        hf_local = local_path(hf_url)
-        if not is_local(hf_url):
-            hf_local.mkdir(parents=True, exist_ok=True)
-            self.ckpt.fs.get(hf_url.split("://", 1)[1] + "/", str(hf_local) + "/", recursive=True)
+        hf_local = download_dir(join(self.ckpt.path(latest), "hf"))
         logger.info(
             "recover=auto: resuming from %s (version %d)",
             self.ckpt.path(latest),

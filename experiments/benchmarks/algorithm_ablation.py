@@ -12,13 +12,14 @@ table to ``--out`` and prints the table.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import time
 from pathlib import Path
 
-from core.config import load_config
+from core.config import parse_config
 from experiments.benchmarks._common import warm_start
+from flows.ablation import ablation, ablation_variants
+from tasks.comparison_report import render_markdown
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,22 +33,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("overrides", nargs="*", help="config overrides for every run (key=value)")
     args = p.parse_args(argv)
     algorithms = [a for a in args.algorithms.split(",") if a]
-    base = [f"eval.every_n_steps={args.eval_every}", *args.overrides]
-    for algorithm in algorithms:  # every variant validates before any work starts
-        load_config(args.config, [*base, f"algorithm={algorithm}"])
+    source = parse_config(args.config, [f"eval.every_n_steps={args.eval_every}", *args.overrides])
+    ablation_variants(source, algorithms, args.seeds)  # every variant validates before any work
     model = args.model
     if model is None:
-        cfg = load_config(args.config, [*base, "experiment.trial=ablation-warm-start"])
-        model = str(warm_start(cfg, "ablation")[1])
-
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # as `asyncrl` does
-    from flows.ablation import ablation  # Prefect starts its temporary server on first use
-    from tasks.compare import render_markdown
+        model = warm_start(source.resolve({"experiment.trial": "ablation-warm-start"}), "ablation")
+    from_model = source.with_values({"model.path": model, "sft.enabled": False}, "warm start")
 
     started = time.perf_counter()
-    result = ablation(
-        args.config, [*base, f"model.path={model}", "sft.enabled=false"], algorithms, args.seeds
-    )
+    result = ablation(from_model, algorithms, args.seeds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(result["plot"], out / "curves.png")

@@ -40,12 +40,11 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
-from core.config import Config, load_config
-from core.runtime.metrics import FanOut, MemorySink
-from core.runtime.stages import prepare_data
-from core.runtime.trainer import Trainer
+from core.config import ConfigSource, parse_config
+from core.runtime.job import run_experiment
+from core.runtime.metrics import MemorySink
 from experiments.benchmarks._common import warm_start
-from tasks.tracking import MLflowSink, start_run
+from tasks.mlflow_tracking import MLflowSink, start_run
 
 logger = logging.getLogger("bench")
 
@@ -66,50 +65,53 @@ TASKS = {
 }
 
 
-def load(task: TaskSpec, overrides: list[str]) -> Config:
-    return load_config(task.config, [*overrides, "tracking.mlflow_experiment=benchmarks"])
+def task_source(task: TaskSpec, args: argparse.Namespace) -> ConfigSource:
+    """The task's config with its RL length and eval cadence, then the user's overrides (which
+    win), parsed once; every setting of the task resolves from it."""
+    overrides = [
+        f"learner.total_steps={task.steps}",
+        f"eval.every_n_steps={task.eval_every}",
+        *args.overrides,
+        f"cluster.fileroot={args.fileroot}",
+        "tracking.mlflow_experiment=benchmarks",
+    ]
+    return parse_config(task.config, overrides)
 
 
 def run_setting(
     task: TaskSpec,
-    base: list[str],
+    source: ConfigSource,
     model_dir: str,
-    data: Any,
     eta: int,
     threads: int,
     parent_id: str,
     name: str,
 ) -> dict[str, Any]:
-    """One RL run from the warm start; a nested MLflow run gets its per-step metrics."""
+    """One RL run from the warm start (the experiment pipeline, no SFT); a nested MLflow run
+    gets its per-step metrics."""
     trial = f"eta{eta}-t{threads}"
-    cfg = load(
-        task,
-        [
-            *base,
-            f"rollout.max_staleness={eta}",
-            f"scheduler.torch_threads={threads}",
-            f"experiment.trial={trial}",
-            "checkpoint.every_n_steps=0",
-            "sft.enabled=false",
-        ],
-    )
+    setting = {
+        "rollout.max_staleness": eta,
+        "scheduler.torch_threads": threads,
+        "experiment.trial": trial,
+        "checkpoint.every_n_steps": 0,
+        "sft.enabled": False,
+        "model.path": model_dir,
+    }
+    cfg = source.resolve(setting, label=f"setting {trial}")
     memory = MemorySink()
-    with start_run(
-        cfg,
-        run_name=f"{name}/{trial}",
-        parent_run_id=parent_id,
-        tags={"kind": "benchmark", "task": name},
-    ) as run:
-        sink = FanOut([memory, MLflowSink(run.info.run_id)])
+    tags = {"kind": "benchmark", "task": name}
+    with start_run(cfg, run_name=f"{name}/{trial}", parent_run_id=parent_id, tags=tags) as run:
+        mlflow_sink = MLflowSink(run.info.run_id)
         started = time.perf_counter()
-        result = Trainer(cfg, model_dir, data.train, data.test, sink).run()
-        s, n = result.summary, max(result.steps_run, 1)
+        s = run_experiment(cfg, sinks=[memory, mlflow_sink])
+        n = max(s["steps"], 1)
         row = {
             "task": name,
             "setting": trial,
             "eta": eta,
             "threads": threads,
-            "steps": result.steps_run,
+            "steps": s["steps"],
             "samples_per_s": s["samples_per_s"],
             "tokens_per_s": s["tokens_per_s"],
             "learner_busy_fraction": s["learner_busy_fraction"],
@@ -117,19 +119,17 @@ def run_setting(
             "train_s_per_step": s["train_s"] / n,
             "publish_s_per_step": s["publish_s"] / n,
             "step_s": _mean(v for _, v in memory.series("time/step_s")),
-            "accuracy_start": result.evals[0]["accuracy"],
-            "accuracy_final": result.evals[-1]["accuracy"],
-            "evals": _train_time_evals(result.evals),
+            "accuracy_start": s["evals"][0]["accuracy"],
+            "accuracy_final": s["evals"][-1]["accuracy"],
+            "evals": _train_time_evals(s["evals"]),
             "mean_staleness": _mean(v for _, v in memory.series("staleness/mean")),
             "max_staleness": max((v for _, v in memory.series("staleness/max")), default=0.0),
             "wall_s": time.perf_counter() - started,
             "mlflow_run_id": run.info.run_id,
         }
         row["time_to_target_s"] = _first_at(row["evals"], task.target)
-        sink.log_metrics(
-            {f"bench/{k}": v for k, v in row.items() if isinstance(v, float | int)},
-            result.steps_run,
-        )
+        bench = {f"bench/{k}": v for k, v in row.items() if isinstance(v, float | int)}
+        mlflow_sink.log_metrics(bench, s["steps"])
     return row
 
 
@@ -152,29 +152,16 @@ def _mean(values: Any) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def task_overrides(task: TaskSpec, args: argparse.Namespace) -> list[str]:
-    """The task's RL length and eval cadence, then the user's overrides (which win)."""
-    return [
-        f"actor.total_steps={task.steps}",
-        f"eval.every_n_steps={task.eval_every}",
-        *args.overrides,
-        f"cluster.fileroot={args.fileroot}",
-    ]
-
-
-def run_task(name: str, task: TaskSpec, args: argparse.Namespace, parent_id: str) -> dict[str, Any]:
-    base = task_overrides(task, args)
-    cfg = load(task, [*base, "experiment.trial=bench-data"])
+def run_task(
+    name: str, task: TaskSpec, source: ConfigSource, args: argparse.Namespace, parent_id: str
+) -> dict[str, Any]:
     model_dir = args.models.get(name)
     if model_dir is None:
-        data, sft_dir = warm_start(cfg, name)
-        model_dir = str(sft_dir)
-    else:
-        data = prepare_data(cfg)
+        model_dir = warm_start(source.resolve({"experiment.trial": "bench-data"}), name)
     rows = []
     for eta in args.etas:
         for threads in args.sync_threads if eta == 0 else [1]:
-            row = run_setting(task, base, model_dir, data, eta, threads, parent_id, name)
+            row = run_setting(task, source, model_dir, eta, threads, parent_id, name)
             rows.append(row)
             print(
                 f"[{name}] {row['setting']}: {row['samples_per_s']:.1f} samples/s, busy "
@@ -379,16 +366,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     # Every config validates before any work starts.
-    configs = [load(TASKS[name], task_overrides(TASKS[name], args)) for name in args.tasks]
-    if any(cfg.actor.total_steps < 1 for cfg in configs):
-        raise SystemExit("actor.total_steps must be >= 1: the benchmark measures RL steps")
+    sources = {name: task_source(TASKS[name], args) for name in args.tasks}
+    configs = [source.resolve() for source in sources.values()]
+    if any(cfg.learner.total_steps < 1 for cfg in configs):
+        raise SystemExit("learner.total_steps must be >= 1: the benchmark measures RL steps")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with start_run(
         configs[0], run_name=f"async-vs-sync-{stamp}", tags={"kind": "benchmark"}
     ) as parent:
-        reports = [run_task(name, TASKS[name], args, parent.info.run_id) for name in args.tasks]
+        reports = [
+            run_task(name, TASKS[name], sources[name], args, parent.info.run_id)
+            for name in args.tasks
+        ]
         results = out / "results.json"
         results.write_text(
             json.dumps(

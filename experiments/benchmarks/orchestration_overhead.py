@@ -37,12 +37,12 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
-from core.config import load_config
-from tasks.tracking import start_run
+from core.config import ConfigSource, parse_config
+from tasks.mlflow_tracking import start_run
 
 SHORT = [
     "sft.steps=200",
-    "actor.total_steps=20",
+    "learner.total_steps=20",
     "eval.every_n_steps=0",
     "checkpoint.every_n_steps=0",
 ]
@@ -53,12 +53,14 @@ def run_once(
     variant: str,
     config: str,
     overrides: list[str],
-    fileroot: str,
+    source: ConfigSource,
     trial: str,
     log_dir: Path,
     env: dict[str, str],
 ) -> dict[str, Any]:
-    """One ``asyncrl run`` as a subprocess; its output goes to ``log_dir/{trial}.log``."""
+    """One ``asyncrl run CONFIG OVERRIDES`` as a subprocess (``source`` is the same, parsed
+    here); its output goes to ``log_dir/{trial}.log``."""
+    run_dir = Path(source.resolve({"experiment.trial": trial}).run_dir)
     asyncrl = Path(sys.executable).with_name("asyncrl")
     cmd = [
         str(asyncrl),
@@ -66,7 +68,6 @@ def run_once(
         *VARIANTS[variant],
         config,
         *overrides,
-        f"cluster.fileroot={fileroot}",
         f"experiment.trial={trial}",
     ]
     log = log_dir / f"{trial}.log"
@@ -76,11 +77,6 @@ def run_once(
     command_s = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"{variant} run failed (exit {proc.returncode}); see {log}")
-    run_dir = Path(
-        load_config(
-            config, [*overrides, f"cluster.fileroot={fileroot}", f"experiment.trial={trial}"]
-        ).run_dir
-    )
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
         "variant": variant,
@@ -175,13 +171,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="runs/benchmarks/orchestration_overhead")
     p.add_argument("overrides", nargs="*", help="config overrides after the short defaults")
     args = p.parse_args(argv)
-    overrides = [*SHORT, *args.overrides]
-    cfg = load_config(
-        args.config,
-        [*overrides, f"cluster.fileroot={args.fileroot}", "tracking.mlflow_experiment=benchmarks"],
-    )  # validates first
-    if cfg.actor.total_steps < 1:
-        p.error("actor.total_steps must be >= 1: the runs are compared on RL throughput too")
+    overrides = [
+        *SHORT,
+        *args.overrides,
+        f"cluster.fileroot={args.fileroot}",
+        "tracking.mlflow_experiment=benchmarks",
+    ]
+    source = parse_config(args.config, overrides)
+    cfg = source.resolve()  # validates first
+    if cfg.learner.total_steps < 1:
+        p.error("learner.total_steps must be >= 1: the runs are compared on RL throughput too")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -197,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
                     variant,
                     args.config,
                     overrides,
-                    args.fileroot,
+                    source,
                     f"ovh-{stamp}-{variant}{i}",
                     out,
                     env,

@@ -14,6 +14,7 @@ from core.config import (
     field_docs,
     flatten,
     load_config,
+    parse_config,
     to_yaml,
 )
 
@@ -113,8 +114,8 @@ def test_wrong_type_names_key_and_expected_type(tmp_path: Path) -> None:
     message = str(err.value)
     assert "rollout.max_staleness" in message and "int" in message and "abc" in message
 
-    path = write(tmp_path, "eval:\n  batch_size: [1, 2]\n")
-    with pytest.raises(ConfigError, match="eval.batch_size"):
+    path = write(tmp_path, "eval:\n  max_concurrent: [1, 2]\n")
+    with pytest.raises(ConfigError, match="eval.max_concurrent"):
         load_config(path)
 
     path = write(tmp_path, "rollout: 3\n")
@@ -180,3 +181,58 @@ def test_docs_are_generated_from_the_schema() -> None:
 def test_run_dir_layout() -> None:
     cfg = load_config(QUICKSTART, ["cluster.fileroot=s3://bucket/runs/", "experiment.trial=t1"])
     assert cfg.run_dir == "s3://bucket/runs/quickstart/t1"
+
+
+def test_renamed_keys_name_the_new_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'actor' .* is now 'learner'"):
+        load_config(write(tmp_path, "actor:\n  total_steps: 3\n"))
+    with pytest.raises(ConfigError, match="'actor' \\(in command line\\) is now 'learner'"):
+        load_config(QUICKSTART, ["actor.total_steps=3"])
+    with pytest.raises(ConfigError, match="'eval.batch_size' .* is now 'eval.max_concurrent'"):
+        load_config(QUICKSTART, ["eval.batch_size=8"])
+    assert load_config(QUICKSTART, ["learner.total_steps=3"]).learner.total_steps == 3
+
+
+def test_a_source_resolves_variants_without_reparsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import core.config as config_module
+
+    reads: list[Path] = []
+    read_yaml = config_module._read_yaml
+    monkeypatch.setattr(config_module, "_read_yaml", lambda p: reads.append(p) or read_yaml(p))
+    source = parse_config(QUICKSTART, ["algorithm.lr=1e-3", "rollout.max_staleness=2"])
+    variants = {a: source.resolve({"algorithm": a, "experiment.seed": 5}) for a in ("ppo", "dapo")}
+    assert len(reads) == 1
+    # the variant's preset, then the file's and the command line's algorithm fields on top
+    assert variants["ppo"].algorithm.use_critic and variants["ppo"].algorithm.lr == 1e-3
+    assert variants["dapo"].algorithm.eps_clip_high == 0.28
+    assert variants["dapo"].algorithm.group_size == 8  # the file's, over DAPO's 16
+    assert {v.experiment.seed for v in variants.values()} == {5}
+    assert all(v.rollout.max_staleness == 2 for v in variants.values())
+    # resolving a variant leaves the source as it was, and equals parsing the same overrides
+    assert config_hash(source.resolve()) == config_hash(
+        load_config(QUICKSTART, ["algorithm.lr=1e-3", "rollout.max_staleness=2"])
+    )
+    assert config_hash(variants["ppo"]) == config_hash(
+        load_config(
+            QUICKSTART,
+            ["algorithm.lr=1e-3", "rollout.max_staleness=2", "algorithm=ppo", "experiment.seed=5"],
+        )
+    )
+    with pytest.raises(ConfigError, match="unknown config key 'rollout.max_stalenes'"):
+        source.resolve({"rollout.max_stalenes": 1})
+    stacked = source.with_values({"sft.enabled": False}, "warm start")
+    assert not stacked.resolve().sft.enabled and source.resolve().sft.enabled
+
+
+def test_every_config_dataclass_uses_the_one_help_idiom() -> None:
+    import ast
+
+    for module in ("core/config.py", "core/algorithms/config.py", "core/data/synthetic.py"):
+        tree = ast.parse((ROOT / module).read_text())
+        calls = {
+            node.func.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        }
+        assert "field" not in calls and "_f" not in calls and "_help" not in calls, module
+        assert "documented" in calls, module

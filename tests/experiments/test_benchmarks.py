@@ -107,7 +107,7 @@ def test_async_vs_sync_runs_end_to_end(tmp_path: Path) -> None:
             "data.n_test=32",
             "eval.n_problems=32",
             "sft.steps=20",
-            "actor.total_steps=3",
+            "learner.total_steps=3",
             "eval.every_n_steps=2",
             "rollout.batch_size=4",
             "algorithm.group_size=4",

@@ -23,7 +23,7 @@ SMALL = [
     "eval.n_problems=40",
     "eval.max_new_tokens=8",
     "sft.steps=5",
-    "actor.total_steps=2",
+    "learner.total_steps=2",
     "rollout.batch_size=4",
     "algorithm.group_size=2",
     "rollout.max_new_tokens=8",
@@ -44,9 +44,9 @@ def test_unknown_key_exits_2_naming_the_key(tmp_path: Path) -> None:
 
 @pytest.mark.unit
 def test_wrong_type_exits_2_naming_key_and_type() -> None:
-    result = runner.invoke(app, ["config", "show", QUICKSTART, "eval.batch_size=many"])
+    result = runner.invoke(app, ["config", "show", QUICKSTART, "eval.max_concurrent=many"])
     assert result.exit_code == 2
-    assert "eval.batch_size" in result.output and "int" in result.output
+    assert "eval.max_concurrent" in result.output and "int" in result.output
 
 
 @pytest.mark.unit

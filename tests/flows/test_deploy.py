@@ -100,7 +100,7 @@ def test_ui_trigger_runs_the_experiment_with_edited_parameters(
             "algorithm.group_size=2",
             "rollout.max_new_tokens=8",
             "eval.every_n_steps=0",
-            "actor.total_steps=2",
+            "learner.total_steps=2",
             "rollout.max_staleness=1",
             f"cluster.fileroot={tmp_path}",
             "experiment.trial=from-ui",

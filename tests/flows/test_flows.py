@@ -14,7 +14,7 @@ import optuna
 import pytest
 
 from core.config import load_config
-from tasks.tracking import tracking_uri
+from tasks.mlflow_tracking import tracking_uri
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ TINY = [
     "algorithm.overlong_buffer_len=4",
     "eval.every_n_steps=1",
     "checkpoint.every_n_steps=0",
-    "actor.total_steps=2",
+    "learner.total_steps=2",
 ]
 
 
@@ -64,14 +64,15 @@ def client_for(fileroot: Path | str) -> mlflow.MlflowClient:
 def test_experiment_flow_records_an_mlflow_run(harness: None, tmp_path: Path) -> None:
     from flows.experiment import experiment
 
-    result = experiment(QUICKSTART, [*TINY, f"cluster.fileroot={tmp_path}", "experiment.trial=e1"])
+    config = load_config(QUICKSTART, [*TINY, f"cluster.fileroot={tmp_path}", "experiment.trial=e1"])
+    result = experiment(config)
     summary = result["summary"]
     assert result["mlflow_run_id"] == summary["mlflow_run_id"]
     assert summary["prefect_flow_run_id"]
     run = client_for(tmp_path).get_run(result["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.params["rollout.max_staleness"] == "4"
-    assert run.data.params["actor.total_steps"] == "2"
+    assert run.data.params["learner.total_steps"] == "2"
     assert run.data.tags["algorithm"] == "grpo" and run.data.tags["max_staleness"] == "4"
     assert run.data.tags["prefect_flow_run_id"] == summary["prefect_flow_run_id"]
     history = client_for(tmp_path).get_metric_history(run.info.run_id, "reward/mean")
@@ -87,27 +88,25 @@ def test_experiment_flow_records_an_mlflow_run(harness: None, tmp_path: Path) ->
     assert on_disk["checkpoint_url"] == result["checkpoint_url"]
 
 
-def test_data_preparation_is_cached_by_config_hash(harness: None, tmp_path: Path) -> None:
-    from tasks.stages import prepare_data_task
+def test_ablate_command_parses_the_config_once_and_compares(
+    harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
 
-    cfg = load_config(QUICKSTART, [*TINY, f"cluster.fileroot={tmp_path}"])
-    first, second = prepare_data_task(cfg), prepare_data_task(cfg)
-    assert not first.cached and second.cached and first.train_url == second.train_url
-    other = prepare_data_task(
-        load_config(QUICKSTART, [*TINY, f"cluster.fileroot={tmp_path}", "data.n_train=60"])
-    )
-    assert not other.cached and other.train_url != first.train_url
+    import core.config as config_module
+    from flows.cli import app
 
-
-def test_ablation_produces_comparison_artifacts(harness: None, tmp_path: Path) -> None:
-    from flows.ablation import ablation
-
-    result = ablation(
-        QUICKSTART,
-        [*TINY, f"cluster.fileroot={tmp_path}", "eval.every_n_steps=0"],
-        ["grpo", "ppo", "dapo"],
-        1,
-    )
+    reads: list[Path] = []
+    read_yaml = config_module._read_yaml
+    monkeypatch.setattr(config_module, "_read_yaml", lambda p: reads.append(p) or read_yaml(p))
+    out = CliRunner().invoke(
+        app,
+        ["ablate", QUICKSTART, *TINY, f"cluster.fileroot={tmp_path}", "eval.every_n_steps=0",
+         "experiment.trial=abl", "--algos", "grpo,ppo,dapo"],
+    )  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert reads == [Path(QUICKSTART)]  # 1 parse for 3 variants (it used to be 1 + 2N)
+    result = json.loads((tmp_path / "quickstart" / "ablation-abl" / "summary.json").read_text())
     assert [row["algorithm"] for row in result["table"]] == ["grpo", "ppo", "dapo"]
     assert Path(result["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     client = client_for(tmp_path)
@@ -121,19 +120,21 @@ def test_ablation_produces_comparison_artifacts(harness: None, tmp_path: Path) -
         "curves.png",
         "comparison.md",
     }
-    summary = json.loads((Path(result["output_dir"]) / "summary.json").read_text())
-    assert len(summary["runs"]) == 3
+    assert len(result["runs"]) == 3
+    assert {r["algorithm"]: r["seed"] for r in result["runs"]} == {"grpo": 1, "ppo": 1, "dapo": 1}
 
 
 def test_sweep_leaves_a_study_and_child_runs(harness: None, tmp_path: Path) -> None:
-    from flows.sweep import sweep
+    from core.config import parse_config
+    from flows.sweep import load_space, sweep
 
     space = tmp_path / "space.yaml"
     space.write_text(
         "params:\n  rollout.max_staleness: {type: categorical, choices: [0, 2]}\n"
         "  algorithm.lr: {type: float, low: 1.0e-4, high: 1.0e-3, log: true}\n"
     )
-    result = sweep(QUICKSTART, str(space), [*TINY, f"cluster.fileroot={tmp_path}"], n_trials=3)
+    source = parse_config(QUICKSTART, [*TINY, f"cluster.fileroot={tmp_path}"])
+    result = sweep(source, load_space(space, source), n_trials=3)
     study = optuna.load_study(study_name=result["study_name"], storage=result["storage"])
     assert len(study.trials) == 3
     states = {t.state for t in study.trials}
@@ -172,16 +173,14 @@ def test_s3_fileroot_puts_checkpoints_and_artifacts_in_the_bucket(
         monkeypatch.setenv(key, value)
     fsspec.filesystem("s3").clear_instance_cache()
     fileroot = f"s3://{s3_bucket}/runs"
-    result = experiment(
-        QUICKSTART,
-        [
-            *TINY,
-            f"cluster.fileroot={fileroot}",
-            "experiment.trial=s3",
-            "checkpoint.every_n_steps=2",
-            f"tracking.mlflow_uri=sqlite:///{tmp_path}/mlflow.db",
-        ],
-    )
+    overrides = [
+        *TINY,
+        f"cluster.fileroot={fileroot}",
+        "experiment.trial=s3",
+        "checkpoint.every_n_steps=2",
+        f"tracking.mlflow_uri=sqlite:///{tmp_path}/mlflow.db",
+    ]
+    result = experiment(load_config(QUICKSTART, overrides))
     fs = fsspec.filesystem("s3", **s3_storage_options)
     assert result["checkpoint_url"].startswith(f"s3://{s3_bucket}/")
     assert fs.exists(f"{s3_bucket}/runs/quickstart/s3/checkpoints/step-000002/COMMITTED")

@@ -127,10 +127,10 @@ def test_mlflow_artifacts_land_in_bucket(stack: StackInfo, s3: Any, tmp_path: Pa
     ]
     assert f"mlartifacts/{experiment_id}/{run.info.run_id}/artifacts/notes/hello.txt" in keys
 
-    # 2. tasks.tracking with the stack's environment and an s3:// fileroot: the experiment's
+    # 2. tasks.mlflow_tracking with the stack's environment and an s3:// fileroot: the experiment's
     # artifact location is {fileroot}/mlartifacts, written straight to the bucket.
     from core.config import load_config
-    from tasks.tracking import start_run
+    from tasks.mlflow_tracking import start_run
 
     for key, value in env.items():
         monkeypatch.setenv(key, value)

@@ -53,7 +53,7 @@ def test_rl_run_respects_staleness_and_publishes(tmp_path: Path, eta: int) -> No
             f"cluster.fileroot={tmp_path}",
             "experiment.trial=t",
             f"rollout.max_staleness={eta}",
-            "actor.total_steps=4",
+            "learner.total_steps=4",
         ],
     )
     summary = run_experiment(cfg)
@@ -90,7 +90,7 @@ def test_ppo_preset_trains_a_critic(tmp_path: Path) -> None:
             "experiment.trial=p",
             "algorithm=ppo",
             "algorithm.group_size=2",
-            "actor.total_steps=2",
+            "learner.total_steps=2",
         ],
     )
     run_experiment(cfg)
@@ -136,7 +136,7 @@ def _resume_case(
         f"cluster.fileroot={fileroot}",
         f"experiment.trial={trial}",
         "rollout.max_staleness=0",
-        "actor.total_steps=4",
+        "learner.total_steps=4",
         "checkpoint.every_n_steps=1",
         "checkpoint.keep_last=3",
     ]
@@ -164,7 +164,7 @@ def test_kill_and_resume_local_matches_straight_run(tmp_path: Path) -> None:
             f"cluster.fileroot={tmp_path}",
             "experiment.trial=straight",
             "rollout.max_staleness=0",
-            "actor.total_steps=4",
+            "learner.total_steps=4",
         ],
     )
     run_experiment(straight)
@@ -227,11 +227,11 @@ def test_ray_placement_runs_rollout_and_two_learner_ranks(tmp_path: Path) -> Non
             f"cluster.fileroot={tmp_path}",
             "experiment.trial=ray",
             "scheduler.type=ray",
-            "actor.n_ranks=2",
+            "learner.n_ranks=2",
             "scheduler.learner_cpus=1",
             "scheduler.rollout_cpus=1",
             "rollout.max_staleness=1",
-            "actor.total_steps=3",
+            "learner.total_steps=3",
         ],
     )
     try:

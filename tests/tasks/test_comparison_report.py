@@ -1,4 +1,4 @@
-"""tasks.compare on a real sqlite MLflow store holding 3 algorithms × 2 seeds of logged runs."""
+"""tasks.comparison_report on a real sqlite MLflow store holding 3 algorithms × 2 seeds of logged runs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ import pytest
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from tasks.compare import RunRecord, collect_runs, comparison_table, plot_curves, render_markdown
+from tasks.comparison_report import (
+    RunRecord,
+    collect_runs,
+    comparison_table,
+    plot_curves,
+    render_markdown,
+)
 
 EXPERIMENT = "ablation-test"
 # Final held-out accuracy per (algorithm, seed); the reward curve ends at accuracy - 0.1.

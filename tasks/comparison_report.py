@@ -5,7 +5,7 @@ parent run, e.g. an ablation), :func:`comparison_table` aggregates them per algo
 :func:`plot_curves` draws held-out accuracy and mean reward against the step, and
 :func:`render_markdown` formats the table for Prefect artifacts and the terminal.
 
-Numbers come from what :mod:`tasks.tracking` logs: ``final/<summary key>`` metrics
+Numbers come from what :mod:`tasks.mlflow_tracking` logs: ``final/<summary key>`` metrics
 (``final/accuracy_after``, ``final/samples_per_s``, ``final/mean_staleness``,
 ``final/max_staleness_seen``, ``final/wall_seconds``) and the train loop's metric histories
 (``eval/accuracy``, ``reward/mean``, ``staleness/*``, ``throughput/samples_per_s``), which stand

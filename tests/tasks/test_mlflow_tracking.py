@@ -1,4 +1,4 @@
-"""tasks.tracking against real MLflow stores: embedded sqlite under tmp_path, and S3 on moto."""
+"""tasks.mlflow_tracking against real MLflow stores: embedded sqlite under tmp_path, and S3 on moto."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from core.config import Config, load_config
-from tasks import tracking
-from tasks.tracking import MLflowSink, log_summary, start_run
+from tasks import mlflow_tracking as tracking
+from tasks.mlflow_tracking import MLflowSink, log_summary, start_run
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hunter2-Zq9"
