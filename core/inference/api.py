@@ -7,13 +7,15 @@ mix versions (AReaL: staleness is measured from a sample's oldest token).
 ``agenerate`` returns ``stop_reason="abort"`` with the tokens produced so far when the engine is
 paused mid-request (a weight update is coming). :func:`generate_resuming` turns that into one
 complete response: it waits for the engine to resume and resubmits prompt + partial output with
-the remaining budget, so the resumed tokens are stamped with the new version.
+the remaining budget, so the resumed tokens are stamped with the new version. The resubmission
+keeps every sampling parameter, the seed included: a seeded request continues the same random
+stream, because its noise is keyed on the sequence position, which prompt + partial output keeps.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, runtime_checkable
 
 StopReason = Literal["stop", "length", "abort"]
@@ -21,13 +23,20 @@ StopReason = Literal["stop", "length", "abort"]
 
 @dataclass
 class SamplingParams:
-    """How to sample. ``temperature == 0`` is greedy decoding."""
+    """How to sample. ``temperature == 0`` is greedy decoding.
+
+    ``seed``: per-request sampling seed: with a seed, the token at each position depends only on
+    (seed, position, logits) — not on batching, other requests, or interruptions; None = the
+    engine's own generator. Any int works (taken mod 2**64). HTTP clients send it as SGLang's
+    ``sampling_seed`` / vLLM's ``seed``; each server has its own seeded sampler.
+    """
 
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None  # see above: per-request, position-keyed; None = engine's generator
 
 
 @dataclass
@@ -106,9 +115,7 @@ async def generate_resuming(
     budget = request.sampling.max_new_tokens
     n_resumes = 0
     while True:
-        sampling = SamplingParams(
-            **{**request.sampling.__dict__, "max_new_tokens": budget - len(output)}
-        )
+        sampling = replace(request.sampling, max_new_tokens=budget - len(output))
         part = await engine.agenerate(
             GenerationRequest(request.input_ids + output, sampling, request.rid)
         )

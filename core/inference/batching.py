@@ -227,7 +227,8 @@ class BatchDecoder:
         )
         while True:
             start = time.perf_counter()
-            tokens, logprobs = sample_next(logits, sampling, self.generator)
+            positions = self._positions(live.rows)
+            tokens, logprobs = sample_next(logits, sampling, self.generator, positions)
             n_open = self._record(
                 live.rows, tokens.tolist(), logprobs.tolist(), version, on_finish, stats
             )
@@ -240,6 +241,15 @@ class BatchDecoder:
                 self.live = live
                 return stats
             logits = self._step(live, tokens, stats)
+
+    def _positions(self, slots: list[Slot]) -> torch.Tensor:
+        """Each row's sequence length now: what a seeded row's noise is keyed on.
+
+        Counted from the request as submitted plus its output so far, so a request resubmitted
+        as prompt + partial output (``generate_resuming``) sees the same positions.
+        """
+        lengths = [len(s.request.input_ids) + len(s.output) for s in slots]
+        return torch.tensor(lengths, dtype=torch.long, device=self.device)
 
     def _record(self, slots, tokens, logprobs, version, on_finish, stats: RoundStats) -> int:
         n_open = 0

@@ -5,15 +5,42 @@ The logprob we return is ``log_softmax(logits / T)`` at the chosen token (``T ==
 That is what the learner recomputes from its own forward pass, so the importance ratio between
 behaviour and proximal policy is exact when the weights match. SGLang's default logprobs are the
 same quantity (as long as ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is not set).
+
+Sampling uses the Gumbel-max trick (Gumbel 1954; Maddison, Tarlow & Minka 2014, "A* Sampling";
+Jang, Gu & Poole 2017): ``argmax(masked_logits + G)`` with ``G = -log(-log U)``, ``U ~ U(0, 1)``
+i.i.d. per vocabulary entry, is an exact sample from ``softmax(masked_logits)``. Its point is
+where ``U`` comes from. A row whose request has a ``seed`` takes ``U`` from a counter-based hash
+of ``(seed, position, vocabulary index)`` (:func:`counter_hash`), where ``position`` is the total
+sequence length when the token is sampled (prompt as submitted + output so far). The token at a
+position then depends only on the seed, the position and the logits: not on which requests
+share the batch, not on the engine's generator, and not on whether the request was interrupted
+and resubmitted as prompt + partial output (the position is the same either way), so a reference
+implementation can reproduce the engine's samples from teacher-forced logits. Rows without a
+seed draw ``U`` from the engine's ``torch.Generator``, as vLLM and SGLang do for unseeded
+requests. Noise and the perturbed logits are float64, so the 32-bit ``U`` and the float32
+logits lose nothing when combined.
+
+The hash is murmur3's 32-bit finaliser (``fmix32``) evaluated on int64 tensors holding values in
+``[0, 2**32)``. 32-bit multiplications split the constant into 16-bit halves so that no
+intermediate reaches ``2**49``: nothing relies on integer overflow (undefined for signed
+integers in C, and not something torch promises to wrap identically on every device).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from core.inference.api import SamplingParams
+
+_MASK32 = 0xFFFFFFFF
+_MASK16 = 0xFFFF
+# Salts keep the seed and index streams apart (and off 0, a fixed point of fmix32).
+_SEED_SALT = 0x9E3779B9  # 2**32 / golden ratio
+_INDEX_SALT = 0x7F4A7C15
+_TINY = torch.finfo(torch.float64).tiny
 
 
 @dataclass
@@ -24,6 +51,11 @@ class BatchSampling:
     greedy: torch.Tensor  # [B] bool
     top_p: torch.Tensor  # [B] float
     top_k: torch.Tensor  # [B] long, vocabulary size where off
+    seeds: torch.Tensor  # [B, 2] long: low and high 32-bit halves of seed mod 2**64 (0 if none)
+    has_seed: torch.Tensor  # [B] bool
+    seed_keys: torch.Tensor  # [B] long: the seeds mixed once per round (see seed_keys())
+    seeded_rows: torch.Tensor  # [n] long: sampled (non-greedy) rows with a seed
+    random_rows: torch.Tensor  # [m] long: sampled rows that use the engine's generator
     all_greedy: bool
     needs_truncation: bool
 
@@ -38,13 +70,25 @@ class BatchSampling:
             not g and (p.top_p < 1.0 or k < vocab_size)
             for g, p, k in zip(greedy, params, top_k, strict=True)
         )
+        has_seed = [p.seed is not None for p in params]
+        sampled = [i for i, g in enumerate(greedy) if not g]
+
+        def long(values: list) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        seeds = long([split_seed(p.seed or 0) for p in params]).reshape(len(params), 2)
         return cls(
             temperature=torch.tensor(temps, dtype=torch.float32, device=device),
             greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
             top_p=torch.tensor(
                 [float(p.top_p) for p in params], dtype=torch.float32, device=device
             ),
-            top_k=torch.tensor(top_k, dtype=torch.long, device=device),
+            top_k=long(top_k),
+            seeds=seeds,
+            has_seed=torch.tensor(has_seed, dtype=torch.bool, device=device),
+            seed_keys=seed_keys(seeds[:, 0], seeds[:, 1]),
+            seeded_rows=long([i for i in sampled if has_seed[i]]),
+            random_rows=long([i for i in sampled if not has_seed[i]]),
             all_greedy=all(greedy),
             needs_truncation=needs_truncation,
         )
@@ -58,6 +102,148 @@ def validate_sampling(params: SamplingParams) -> None:
         raise ValueError(f"top_p={params.top_p} must be in (0, 1]")
     if params.top_k < 0:
         raise ValueError(f"top_k={params.top_k} must be >= 0 (0 = off)")
+    if params.seed is not None and (
+        not isinstance(params.seed, int) or isinstance(params.seed, bool)
+    ):
+        raise ValueError(f"seed={params.seed!r} must be an integer or None")
+
+
+def split_seed(seed: int) -> tuple[int, int]:
+    """``seed mod 2**64`` as (low, high) 32-bit halves: any Python int is a valid seed."""
+    seed %= 1 << 64
+    return seed & _MASK32, seed >> 32
+
+
+def _mul32_(x: torch.Tensor, c: int, tmp: torch.Tensor) -> None:
+    """``x = x * c mod 2**32`` in place, for ``x`` in ``[0, 2**32)``; no intermediate reaches
+    ``2**49``. With ``c = c_hi * 2**16 + c_lo``, ``x * c_hi * 2**16 mod 2**32`` only needs
+    ``x * c_hi mod 2**16``."""
+    torch.mul(x, c >> 16, out=tmp)
+    tmp.bitwise_and_(_MASK16).bitwise_left_shift_(16)
+    x.mul_(c & _MASK16).add_(tmp).bitwise_and_(_MASK32)
+
+
+def _xorshift_(x: torch.Tensor, shift: int, tmp: torch.Tensor) -> None:
+    torch.bitwise_right_shift(x, shift, out=tmp)
+    x.bitwise_xor_(tmp)
+
+
+def fmix32_(x: torch.Tensor, tmp: torch.Tensor | None = None) -> torch.Tensor:
+    """Murmur3's 32-bit finaliser, in place: a bijection on ``[0, 2**32)`` with full avalanche.
+
+    ``x`` is an int64 tensor with values in ``[0, 2**32)``. In place with one scratch tensor
+    (``tmp``, same shape) because on a ``[B, vocab]`` batch every allocation is a pass over
+    memory of its own.
+    """
+    tmp = torch.empty_like(x) if tmp is None else tmp
+    _xorshift_(x, 16, tmp)
+    _mul32_(x, 0x85EBCA6B, tmp)
+    _xorshift_(x, 13, tmp)
+    _mul32_(x, 0xC2B2AE35, tmp)
+    _xorshift_(x, 16, tmp)
+    return x
+
+
+def fmix32(x: torch.Tensor) -> torch.Tensor:
+    """:func:`fmix32_` on a copy."""
+    return fmix32_(x.clone())
+
+
+def seed_keys(seed_lo: torch.Tensor, seed_hi: torch.Tensor) -> torch.Tensor:
+    """Both halves of a 64-bit seed mixed into one 32-bit key (a request's, fixed per round)."""
+    return fmix32_(fmix32(seed_lo ^ _SEED_SALT) ^ seed_hi)
+
+
+def position_keys(keys: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """A seed key mixed with a sequence position (``< 2**32``: no sequence is that long)."""
+    return fmix32_(keys ^ position)
+
+
+def index_keys(index: torch.Tensor) -> torch.Tensor:
+    return fmix32_(index ^ _INDEX_SALT)
+
+
+@functools.lru_cache(maxsize=8)
+def _vocab_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
+    return index_keys(torch.arange(vocab_size, dtype=torch.long, device=device))
+
+
+def counter_hash(
+    seed_lo: torch.Tensor, seed_hi: torch.Tensor, position: torch.Tensor, index: torch.Tensor
+) -> torch.Tensor:
+    """A 32-bit hash of ``(seed, position, index)``; int64 inputs in ``[0, 2**32)``, broadcast.
+
+    ``fmix32(position_key ^ index_key)``: the (seed, position) key has been through three fmix32
+    rounds and the index through one, so every input bit reaches every output bit. For a fixed
+    (seed, position) the map from index to hash is a bijection: no two vocabulary entries of a
+    row share a uniform. Sampling computes the same value with the key parts cached.
+    """
+    keys = position_keys(seed_keys(seed_lo, seed_hi), position)
+    return fmix32_(keys ^ index_keys(index))
+
+
+def _row_hashes(keys: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``counter_hash`` for rows with seed ``keys [N]`` at ``positions [N]``: ``[N, vocab]``."""
+    rows = position_keys(keys, positions)
+    return fmix32_(rows[:, None] ^ _vocab_keys(vocab_size, keys.device))
+
+
+def seeded_uniforms(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``U`` in (0, 1), float64 ``[N, vocab_size]``, for rows with ``seeds [N, 2]`` (32-bit
+    halves, as :func:`split_seed` gives) at ``positions [N]``."""
+    return _unit(_row_hashes(seed_keys(seeds[:, 0], seeds[:, 1]), positions, vocab_size))
+
+
+def _unit(h: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes -> float64 ``(h + 0.5) / 2**32``: exact, and never 0 or 1."""
+    return h.double().add_(0.5).mul_(2.0**-32)
+
+
+def _log_neg_log_(u: torch.Tensor) -> torch.Tensor:
+    """``log(-log u)`` in place: minus standard Gumbel noise, from uniforms in (0, 1)."""
+    return u.log_().neg_().log_()
+
+
+def gumbel_(u: torch.Tensor) -> torch.Tensor:
+    """``-log(-log u)`` in place: standard Gumbel noise from uniforms in (0, 1).
+
+    ``argmax(scaled.double() + gumbel_(seeded_uniforms(...)))`` is exactly the engine's pick
+    (it subtracts ``log(-log u)``, the same float64 sum), e.g. for a reference implementation.
+    """
+    return _log_neg_log_(u).neg_()
+
+
+def _perturb_rows(noisy: torch.Tensor, rows: torch.Tensor, log_neg_log_u: torch.Tensor) -> None:
+    """``noisy[rows] += G`` with ``G = -log(-log u)``."""
+    if rows.numel() == noisy.shape[0]:  # rows are sorted and distinct: all of them, in order
+        noisy.sub_(log_neg_log_u)
+    else:
+        noisy.index_add_(0, rows, log_neg_log_u, alpha=-1)
+
+
+def gumbel_argmax(
+    masked: torch.Tensor,
+    sampling: BatchSampling,
+    generator: torch.Generator,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """One sample per non-greedy row of ``softmax(masked)`` (greedy rows: argmax, unperturbed)."""
+    noisy = masked.double()
+    vocab = masked.shape[-1]
+    rows = sampling.seeded_rows
+    if rows.numel():
+        keys = sampling.seed_keys
+        if rows.numel() < len(keys):  # else all rows, in order: no gathers on the hot path
+            keys, positions = keys[rows], positions[rows]
+        u = _unit(_row_hashes(keys, positions, vocab))
+        _perturb_rows(noisy, rows, _log_neg_log_(u))
+    rows = sampling.random_rows
+    if rows.numel():
+        u = torch.rand(
+            (rows.numel(), vocab), generator=generator, dtype=torch.float64, device=masked.device
+        )
+        _perturb_rows(noisy, rows, _log_neg_log_(u.clamp_(min=_TINY)))  # rand may give 0
+    return noisy.argmax(dim=-1)
 
 
 def truncate_logits(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -76,22 +262,27 @@ def truncate_logits(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tens
 
 
 def sample_next(
-    logits: torch.Tensor, sampling: BatchSampling, generator: torch.Generator
+    logits: torch.Tensor,
+    sampling: BatchSampling,
+    generator: torch.Generator,
+    positions: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row; return ``(token_ids [B], logprobs [B])``."""
+    """Pick one token per row; return ``(token_ids [B], logprobs [B])``.
+
+    ``positions [B]`` (long) is each row's sequence length when sampling (prompt + output so
+    far); it keys the noise of seeded rows and is ignored for the others.
+    """
     logits = logits.float()
     scaled = logits / sampling.temperature[:, None]
     logprobs_all = torch.log_softmax(scaled, dim=-1)
-    argmax = logits.argmax(dim=-1)
-    if sampling.all_greedy:
-        tokens = argmax
-    else:
+    tokens = logits.argmax(dim=-1)
+    if not sampling.all_greedy:
         masked = (
             truncate_logits(scaled, sampling.top_k, sampling.top_p)
             if sampling.needs_truncation
             else scaled
         )
-        sampled = torch.multinomial(masked.softmax(dim=-1), 1, generator=generator).squeeze(1)
-        tokens = torch.where(sampling.greedy, argmax, sampled)
+        sampled = gumbel_argmax(masked, sampling, generator, positions)
+        tokens = torch.where(sampling.greedy, tokens, sampled)
     logprobs = logprobs_all.gather(1, tokens[:, None]).squeeze(1)
     return tokens, logprobs

@@ -11,6 +11,7 @@ CPU box and to a real SGLang server on a GPU node. Endpoints and field shapes fo
   ``{"type": "stop", "matched": id}`` / ``{"type": "length", "length": n}`` /
   ``{"type": "abort", "message": ...}``. Our extension: ``meta_info["output_token_versions"]``.
   ``input_ids`` may be a list of prompts (batch); the answer is then a list.
+  ``sampling_params["sampling_seed"]`` (an integer) is the request's ``SamplingParams.seed``.
 - ``POST /pause_generation`` ``{"mode": "abort"|"retract"|"in_place"}``,
   ``POST /continue_generation``.
 - ``POST /update_weights_from_disk`` ``{"model_path", "abort_all_requests", "weight_version"}``
@@ -62,7 +63,18 @@ def parse_sampling(raw: dict[str, Any] | None) -> SamplingParams:
         top_p=float(raw.get("top_p", 1.0)),
         top_k=max(top_k, 0),
         stop_token_ids=[int(t) for t in raw.get("stop_token_ids") or []],
+        seed=_parse_seed(raw.get("sampling_seed")),
     )
+
+
+def _parse_seed(raw: Any) -> int | None:
+    """SGLang's ``sampling_seed``: a JSON integer or null. No coercion: ``"7"`` or ``7.5`` would
+    silently become some other seed than the caller meant (and ``true`` is no seed at all)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, int) or isinstance(raw, bool):
+        raise ValueError(f"sampling_seed={raw!r} must be an integer")
+    return raw
 
 
 def finish_reason(resp: GenerationResponse) -> dict[str, Any]:

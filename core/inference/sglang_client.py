@@ -7,7 +7,9 @@ only change while generation is paused, which is how :meth:`SGLangClient.update_
 
 Launch real SGLang with ``--skip-tokenizer-init`` (we send token ids) and without
 ``SGLANG_RETURN_ORIGINAL_LOGPROB``, so returned logprobs are the temperature-scaled ones the
-learner recomputes.
+learner recomputes. ``SamplingParams.seed`` travels as SGLang's ``sampling_seed`` (omitted when
+unset). Our server keys its noise on (seed, position); real SGLang has its own seeded sampler,
+so the same seed reproduces tokens on the same kind of server, not across the two.
 """
 
 from __future__ import annotations
@@ -31,13 +33,16 @@ _STOP_REASONS: dict[str, StopReason] = {"stop": "stop", "length": "length", "abo
 
 
 def sglang_sampling(params: SamplingParams) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "max_new_tokens": params.max_new_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k if params.top_k > 0 else -1,  # SGLang: -1 = off
         "stop_token_ids": list(params.stop_token_ids),
     }
+    if params.seed is not None:  # absent = the server's own generator
+        out["sampling_seed"] = params.seed
+    return out
 
 
 def _server_version(meta: dict[str, Any]) -> int | None:

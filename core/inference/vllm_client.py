@@ -4,7 +4,8 @@ Requests carry ``"prompt": [token ids]``, ``logprobs: 0`` (the sampled token's l
 ``return_tokens_as_token_ids`` so tokens come back as ``"token_id:123"`` strings, unambiguous
 whatever the tokenizer. vLLM returns *raw* (pre-temperature) logprobs by default: launch it with
 ``--logprobs-mode processed_logprobs`` when sampling at a temperature other than 1, so the
-behaviour logprobs match what the learner recomputes.
+behaviour logprobs match what the learner recomputes. ``SamplingParams.seed`` is sent as vLLM's
+per-request ``seed`` (omitted when unset).
 
 Stock vLLM has no HTTP weight-update or pause endpoint; deployments add their own (AReaL's vLLM
 server, for one). Their paths are configurable: ``weight_update_path`` receives
@@ -33,7 +34,7 @@ _STOP_REASONS: dict[str, StopReason] = {"stop": "stop", "length": "length", "abo
 
 def completions_payload(request: GenerationRequest, model_name: str) -> dict[str, Any]:
     s = request.sampling
-    return {
+    payload: dict[str, Any] = {
         "model": model_name,
         "prompt": list(request.input_ids),
         "max_tokens": s.max_new_tokens,
@@ -46,6 +47,9 @@ def completions_payload(request: GenerationRequest, model_name: str) -> dict[str
         "skip_special_tokens": False,
         "request_id": request.rid,
     }
+    if s.seed is not None:  # absent = the server's own generator
+        payload["seed"] = s.seed
+    return payload
 
 
 def parse_token(token: str) -> int:

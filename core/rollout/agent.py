@@ -89,7 +89,9 @@ class ToolAgentWorkflow:
         turns, tool_seconds, n_resumes, stop_reason = 0, 0.0, 0, "length"
         while turns < self.max_turns and budget > 0:
             turns += 1
-            sampling = dataclasses.replace(self.sampling, max_new_tokens=budget)
+            sampling = dataclasses.replace(
+                self.sampling, max_new_tokens=budget, seed=sample.get("seed")
+            )
             response = await generate_resuming(engine, GenerationRequest(ids, sampling))
             n_resumes += response.n_resumes
             out, call = self._cut_at_call(response.output_ids)

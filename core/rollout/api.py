@@ -7,6 +7,7 @@ episodes per prompt and hands complete groups to the learner.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -67,11 +68,30 @@ class Group:
         return [t.reward for t in self.trajectories]
 
 
+def derive_seed(*parts: int | str) -> int:
+    """A 63-bit seed from ``parts``, the same in every process and on every machine.
+
+    Sampling seeds flow down: the run's seed and a prompt's draw give the prompt's seed
+    (``sample["seed"]``); that and an episode's index in its group give the episode's.
+    """
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def episode_sample(sample: dict[str, Any], index: int) -> dict[str, Any]:
+    """The sample episode ``index`` of a group runs on: with its own seed when the prompt has one."""
+    if "seed" not in sample:
+        return sample
+    return {**sample, "seed": derive_seed(sample["seed"], index)}
+
+
 @runtime_checkable
 class Workflow(Protocol):
     """Produces one trajectory per call; ``None`` rejects the episode (it is counted, not trained on).
 
     ``sampling`` is how the workflow samples; held-out evals run a copy with greedy sampling.
+    A ``sample`` may carry ``seed``: the workflow then samples every request of the episode with
+    it (``SamplingParams.seed``), so the episode is reproducible whatever else runs beside it.
     """
 
     sampling: SamplingParams

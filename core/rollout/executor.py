@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.inference.api import InferenceEngine
-from core.rollout.api import Group, Workflow
+from core.rollout.api import Group, Workflow, episode_sample
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +222,10 @@ class RolloutExecutor:
 
     async def _run_group(self, sample: dict[str, Any], version: int) -> None:
         started = time.monotonic()
-        episodes = [self.workflow.run_episode(self.engine, sample) for _ in range(self.group_size)]
+        episodes = [
+            self.workflow.run_episode(self.engine, episode_sample(sample, i))
+            for i in range(self.group_size)
+        ]
         results = await asyncio.gather(*episodes, return_exceptions=True)
         self.counters.running -= 1
         self._episodes_done += len(results)

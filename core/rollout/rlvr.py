@@ -48,7 +48,8 @@ class RLVRWorkflow:
     async def run_episode(self, engine: InferenceEngine, sample: dict[str, Any]) -> Trajectory:
         started = time.monotonic()
         prompt = self.prompt_ids(sample)
-        response = await generate_resuming(engine, GenerationRequest(prompt, self.sampling))
+        sampling = dataclasses.replace(self.sampling, seed=sample.get("seed"))
+        response = await generate_resuming(engine, GenerationRequest(prompt, sampling))
         completion = self.tokenizer.decode(response.output_ids, skip_special_tokens=True)
         reward = self.reward(completion, sample["answer"])
         n = len(response.output_ids)

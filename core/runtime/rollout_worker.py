@@ -24,7 +24,7 @@ from core.evaluation import evaluate_workflow
 from core.inference.api import InferenceEngine, WeightSource
 from core.models import load_tokenizer
 from core.rewards.registry import completion_metrics
-from core.rollout.api import Group, Workflow
+from core.rollout.api import Group, Workflow, derive_seed
 from core.rollout.executor import RolloutExecutor
 
 logger = logging.getLogger(__name__)
@@ -113,7 +113,10 @@ class RolloutWorker:
         before = self.loader.state_dict()
         sample = self.loader.next_samples(1)[0]
         key = f"{sample['id']}@{before['epoch']}.{before['position']}"
-        sample = {**sample, "_draw": key}
+        # The draw's place in the data stream seeds its sampling: the same on resume, and
+        # reproducible by anyone who draws from the same loader (experiments/reference_grpo.py).
+        seed = derive_seed(self.config.experiment.seed, before["epoch"], before["position"])
+        sample = {**sample, "_draw": key, "seed": seed}
         self._outstanding[key] = before
         return sample
 

@@ -8,8 +8,14 @@ import time
 import pytest
 import torch
 
-from core.inference.api import GenerationRequest, InferenceEngine, SamplingParams
+from core.inference.api import (
+    GenerationRequest,
+    InferenceEngine,
+    SamplingParams,
+    generate_resuming,
+)
 from core.inference.hf_engine import HFEngine
+from core.inference.sampling import BatchSampling, sample_next
 from core.models import load_model
 from tests.core.inference.helpers import hf_greedy, run, teacher_logprobs, wait_for_tokens
 
@@ -139,6 +145,13 @@ def test_same_seed_reproduces_other_seed_differs(model_dir, tokenizer, prompts) 
     assert first != other
 
 
+def settle(engine: HFEngine) -> None:
+    """Wait until the worker has booked its last round in ``engine.stats``: it answers the
+    requests first, so reading the stats right after the last response races with it."""
+    run(engine.pause())  # returns once the worker is between rounds
+    run(engine.resume())
+
+
 def test_concurrent_requests_are_batched_and_faster(no_eos_engine, prompts) -> None:
     sampling = SamplingParams(max_new_tokens=24, temperature=1.0)
     requests = [GenerationRequest(p, sampling) for p in prompts[:32]]
@@ -157,9 +170,11 @@ def test_concurrent_requests_are_batched_and_faster(no_eos_engine, prompts) -> N
 
     run(concurrent())  # warm-up: first calls of each batch shape are slower
     seq_s = run(sequential())
+    settle(no_eos_engine)
     rounds_before = no_eos_engine.stats.batches
     rows_before = no_eos_engine.stats.rows
     conc_s = run(concurrent())
+    settle(no_eos_engine)
     ratio = seq_s / conc_s
     rows_per_round = (no_eos_engine.stats.rows - rows_before) / (
         no_eos_engine.stats.batches - rounds_before
@@ -247,3 +262,122 @@ def test_rows_joining_and_leaving_stay_exact(model_dir, ref_model, prompts, spli
         assert engine.stats.reprefilled_tokens == 0
     else:
         assert engine.stats.reprefilled_tokens > 0
+
+
+SEEDED = [
+    SamplingParams(max_new_tokens=100, temperature=1.0, seed=1234),
+    SamplingParams(max_new_tokens=100, temperature=0.8, top_k=50, top_p=0.95, seed=2**40 + 7),
+]
+
+
+def crowd(prompts: list[list[int]]) -> list[GenerationRequest]:
+    """18 other requests: unseeded, seeded, greedy, truncated, of different lengths."""
+    kinds = [
+        SamplingParams(max_new_tokens=30, temperature=1.0),
+        SamplingParams(max_new_tokens=70, temperature=1.0, seed=5),
+        SamplingParams(max_new_tokens=15, temperature=0.0),
+        SamplingParams(max_new_tokens=50, temperature=0.7, top_p=0.9, seed=1234),
+        SamplingParams(max_new_tokens=120, temperature=1.2, top_k=10),
+        SamplingParams(max_new_tokens=40, temperature=1.0, seed=1235),
+    ]
+    return [GenerationRequest(prompts[(i + 3) % 32], kinds[i % 6]) for i in range(18)]
+
+
+def seeded_alone(model_dir, prompts) -> list:
+    """The reference: each seeded request by itself, on an engine with another generator seed."""
+    with HFEngine(load_model(model_dir), None, seed=99) as eng:
+        return [run(eng.agenerate(GenerationRequest(prompts[i], s))) for i, s in enumerate(SEEDED)]
+
+
+def assert_same_samples(got, expected) -> None:
+    for g, e in zip(got, expected, strict=True):
+        assert g.output_ids == e.output_ids and len(g.output_ids) == 100
+        torch.testing.assert_close(
+            torch.tensor(g.logprobs), torch.tensor(e.logprobs), atol=1e-5, rtol=0
+        )
+
+
+@pytest.mark.parametrize("splice", [True, False], ids=["splice-kv", "re-prefill"])
+def test_seeded_request_is_the_same_alone_and_in_a_crowd(model_dir, prompts, splice) -> None:
+    """Seeded requests join 18 concurrent others mid-decode, in a batch capped at 8 (so rows
+    queue, join and leave across many rounds): their tokens do not change."""
+    alone = seeded_alone(model_dir, prompts)
+    engine = HFEngine(load_model(model_dir), None, max_batch_size=8, chunk_tokens=4, splice=splice)
+
+    async def main():
+        others = [asyncio.ensure_future(engine.agenerate(r)) for r in crowd(prompts)]
+        await wait_for_tokens(engine, 20)
+        mine = [engine.agenerate(GenerationRequest(prompts[i], s)) for i, s in enumerate(SEEDED)]
+        return await asyncio.gather(*mine), await asyncio.gather(*others)
+
+    with engine:
+        mine, others = run(main())
+    assert_same_samples(mine, alone)
+    assert engine.stats.batches > 4 and engine.stats.mean_tokens_per_step > 2
+    assert all(
+        len(o.output_ids) == r.sampling.max_new_tokens
+        for o, r in zip(others, crowd(prompts), strict=True)
+    )
+    assert alone[0].output_ids != alone[1].output_ids
+
+
+def test_seeded_request_survives_abort_and_retract_pauses(
+    no_eos_engine, model_dir, prompts
+) -> None:
+    """Interrupted twice (abort -> resubmitted by generate_resuming; retract -> re-prefilled),
+    on the same weights: the same tokens as an uninterrupted run."""
+    alone = seeded_alone(model_dir, prompts)
+    engine = no_eos_engine
+
+    async def main():
+        tasks = [
+            asyncio.ensure_future(generate_resuming(engine, GenerationRequest(prompts[i], s)))
+            for i, s in enumerate(SEEDED)
+        ]
+        for mode in ("abort", "retract"):
+            await wait_for_tokens(engine, 30)
+            await engine.pause(mode)
+            await engine.resume()
+        return await asyncio.gather(*tasks)
+
+    got = run(main())
+    assert_same_samples(got, alone)
+    assert [r.n_resumes for r in got] == [1, 1]  # abort resubmits; retract is internal
+    assert engine.stats.aborted == 2
+
+
+def test_seeded_samples_reproduce_from_teacher_forced_logits(
+    no_eos_engine, ref_model, prompts
+) -> None:
+    """A reference implementation (one forward pass + sample_next at the same positions) picks
+    exactly the engine's tokens: the noise depends on nothing else."""
+    params = SEEDED[1]
+    prompt = prompts[4]
+    resp = run(no_eos_engine.agenerate(GenerationRequest(prompt, params)))
+    n = len(resp.output_ids)
+    with torch.no_grad():
+        logits = ref_model(torch.tensor([prompt + resp.output_ids])).logits[0, len(prompt) - 1 : -1]
+    tokens, logprobs = sample_next(
+        logits,
+        BatchSampling.from_params([params] * n, logits.shape[-1], logits.device),
+        torch.Generator(),
+        torch.arange(n) + len(prompt),
+    )
+    assert tokens.tolist() == resp.output_ids
+    torch.testing.assert_close(logprobs, torch.tensor(resp.logprobs), atol=1e-4, rtol=0)
+
+
+def test_different_seeds_differ_and_unseeded_requests_vary(no_eos_engine, prompts) -> None:
+    def request(seed: int | None) -> GenerationRequest:
+        return GenerationRequest(prompts[0], SamplingParams(max_new_tokens=24, seed=seed))
+
+    async def main():
+        return await asyncio.gather(
+            *(no_eos_engine.agenerate(request(s)) for s in (1, 2, 1, None, None))
+        )
+
+    one, two, one_again, free_a, free_b = run(main())
+    assert one.output_ids == one_again.output_ids
+    assert one.output_ids != two.output_ids
+    assert free_a.output_ids != free_b.output_ids  # one generator, two different draws
+    assert all(len(r.output_ids) == 24 for r in (one, two, free_a, free_b))

@@ -8,7 +8,6 @@ and the health wait are exercised for real, with our server standing in for SGLa
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 import pytest
@@ -16,15 +15,10 @@ import pytest
 from core.inference.api import GenerationRequest, SamplingParams
 from core.inference.sglang_client import SGLangClient
 from core.inference.sglang_launcher import SGLangLaunchSpec, build_command, launch
+from core.training.distributed import free_port
 from tests.core.inference.helpers import run
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_build_command() -> None:
@@ -52,7 +46,7 @@ def test_build_command() -> None:
 def test_launch_generate_stop(model_dir, tmp_path) -> None:
     spec = SGLangLaunchSpec(
         model_path=str(model_dir),
-        port=_free_port(),
+        port=free_port(),
         python_executable=sys.executable,
         module="core.inference.server",
         extra_args=["--torch-threads", "1"],
@@ -77,7 +71,7 @@ def test_launch_generate_stop(model_dir, tmp_path) -> None:
 def test_launch_failure_reports_the_log_tail(tmp_path) -> None:
     """A server that dies before it is healthy (here: no such server module) is reported."""
     spec = SGLangLaunchSpec(
-        model_path="m", port=_free_port(), python_executable=sys.executable, module="no_such_server"
+        model_path="m", port=free_port(), python_executable=sys.executable, module="no_such_server"
     )
     with pytest.raises(RuntimeError, match="exited with code 1") as info:
         launch(spec, tmp_path / "bad.log", health_timeout_s=60, poll_s=0.1)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import aiohttp
 import pytest
@@ -12,8 +11,9 @@ import torch
 from core.inference.api import GenerationRequest, SamplingParams, WeightSource, generate_resuming
 from core.inference.hf_engine import HFEngine
 from core.inference.server import start_server
-from core.inference.sglang_client import SGLangClient
+from core.inference.sglang_client import SGLangClient, sglang_sampling
 from core.models import load_model
+from core.training.distributed import free_port
 from tests.core.inference.helpers import hf_greedy, run, teacher_logprobs, wait_for_tokens
 
 pytestmark = pytest.mark.integration
@@ -192,14 +192,8 @@ def test_round_robin_and_sticky_resumes(servers, model_dir, prompts) -> None:
     assert a.engine.stats.requests_served >= 2 and b.engine.stats.requests_served >= 2
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_client_retries_until_the_server_is_up(model_dir, engine, prompts) -> None:
-    port = _free_port()
+    port = free_port()
 
     async def main():
         async with SGLangClient([f"127.0.0.1:{port}"], max_retries=6, retry_backoff_s=0.1) as c:
@@ -219,3 +213,40 @@ def test_client_retries_until_the_server_is_up(model_dir, engine, prompts) -> No
 
     with pytest.raises(aiohttp.ClientConnectionError):
         run(dead())
+
+
+def test_sampling_seed_over_http_matches_in_process(servers, model_dir, engine, prompts) -> None:
+    """SGLang's ``sampling_seed``: the client sends it, the server honours it, and a seeded
+    request gives the in-process engine's tokens (even though the two engines' seeds differ)."""
+    handle = servers.start(model_dir=model_dir, seed=31)
+    seeded = SamplingParams(max_new_tokens=30, temperature=0.9, top_k=40, seed=77)
+    assert sglang_sampling(seeded)["sampling_seed"] == 77
+    assert "sampling_seed" not in sglang_sampling(SamplingParams())
+
+    async def main():
+        async with SGLangClient([handle.address]) as client:
+            remote = await asyncio.gather(
+                *(client.agenerate(GenerationRequest(p, seeded)) for p in prompts[:3])
+            )
+        local = [await engine.agenerate(GenerationRequest(p, seeded)) for p in prompts[:3]]
+        async with aiohttp.ClientSession() as s:
+            statuses = []
+            for bad in ("77", 7.5, True):
+                body = {
+                    "input_ids": prompts[0],
+                    "sampling_params": {"max_new_tokens": 4, "sampling_seed": bad},
+                    "return_logprob": True,
+                }
+                async with s.post(handle.url + "/generate", json=body) as r:
+                    statuses.append((r.status, (await r.json())["error"]["message"]))
+        return remote, local, statuses
+
+    remote, local, statuses = run(main())
+    for r, loc in zip(remote, local, strict=True):
+        assert r.output_ids == loc.output_ids
+        torch.testing.assert_close(
+            torch.tensor(r.logprobs), torch.tensor(loc.logprobs), atol=1e-4, rtol=0
+        )
+    assert remote[0].output_ids != remote[1].output_ids
+    for status, message in statuses:
+        assert status == 400 and "sampling_seed" in message

@@ -127,6 +127,26 @@ def test_abort_resume_and_weight_update_endpoint() -> None:
     assert resp.versions == [3] * 5 and resp.stop_reason == "length"
 
 
+def test_seed_is_sent_only_when_set_and_survives_resume() -> None:
+    fake = FakeVLLM()
+    seeded = SamplingParams(max_new_tokens=5, temperature=1.0, seed=2**40 + 3)
+
+    async def main():
+        runner, address = await _serve(fake)
+        try:
+            async with VLLMClient([address], model_name="tiny") as client:
+                await client.agenerate(GenerationRequest([1], SamplingParams(max_new_tokens=2)))
+                fake.abort_next = True
+                return await generate_resuming(client, GenerationRequest([1], seeded))
+        finally:
+            await runner.cleanup()
+
+    resp = run(main())
+    assert resp.n_resumes == 1 and len(resp.output_ids) == 5
+    assert "seed" not in fake.bodies[0]
+    assert [b["seed"] for b in fake.bodies[1:]] == [2**40 + 3] * 2
+
+
 def test_clients_satisfy_the_protocol() -> None:
     assert isinstance(VLLMClient(["h:1"], model_name="m"), InferenceEngine)
     assert isinstance(SGLangClient(["h:1"]), InferenceEngine)
