@@ -17,7 +17,7 @@ from prefect import flow, serve
 
 from core.config import ConfigError, parse_config
 from flows.ablation import DEFAULT_ALGORITHMS, ablation, ablation_variants
-from flows.experiment import run_tracked
+from flows.experiment import experiment
 
 
 @contextmanager
@@ -36,7 +36,7 @@ def experiment_from_yaml(
     """One experiment from a config file and dotted ``key=value`` overrides."""
     with _invalid_config_for_the_ui():
         config = parse_config(config_path, list(overrides or [])).resolve()
-    return run_tracked(config)
+    return experiment.fn(config)  # the experiment's body, in this flow run (no subflow)
 
 
 @flow(name="ablation-from-yaml")

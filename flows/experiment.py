@@ -6,7 +6,8 @@ and publishes the summary table as a Prefect markdown artifact.
 
 ``experiment`` takes a parsed :class:`~core.config.Config`: the CLI calls it, and the ablation and
 sweep flows run it as a subflow per variant. The deployments' entry point, where the Prefect UI
-edits a config path and overrides, parses them once and runs the same (``flows.deploy``).
+edits a config path and overrides, parses them once and runs the same body inside its own flow
+run (``experiment.fn``, in ``flows.deploy``).
 """
 
 from __future__ import annotations
@@ -53,15 +54,20 @@ def summary_markdown(summary: dict[str, Any], run_id: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_tracked(
+# Parameters are live objects (a Config, callbacks): Prefect records them, and needs no validation.
+@flow(name="experiment", validate_parameters=False)
+def experiment(
     config: Config,
-    *,
     parent_run_id: str | None = None,
     run_name: str | None = None,
     progress: StageProgress | None = None,
     on_eval: EvalCallback | None = None,
 ) -> dict[str, Any]:
-    """The experiment inside the current flow run: returns the MLflow run id, checkpoints, summary."""
+    """Run one experiment; returns the MLflow run id, the checkpoint URL and the summary.
+
+    ``parent_run_id`` nests the MLflow run (an ablation's or sweep's child); ``progress`` and
+    ``on_eval`` are the pipeline's hooks (a progress display; Optuna's pruning callback).
+    """
     stamp_trial(config)
     name = run_name or f"{config.algorithm.name}-{config.experiment.trial}"
     with start_run(config, run_name=name, parent_run_id=parent_run_id) as run:
@@ -86,22 +92,3 @@ def run_tracked(
         "checkpoint_url": summary.get("checkpoint_url"),
         "summary": summary,
     }
-
-
-# Parameters are live objects (a Config, callbacks): Prefect records them, and needs no validation.
-@flow(name="experiment", validate_parameters=False)
-def experiment(
-    config: Config,
-    parent_run_id: str | None = None,
-    run_name: str | None = None,
-    progress: StageProgress | None = None,
-    on_eval: EvalCallback | None = None,
-) -> dict[str, Any]:
-    """Run one experiment; returns the MLflow run id, the checkpoint URL and the summary.
-
-    ``parent_run_id`` nests the MLflow run (an ablation's or sweep's child); ``progress`` and
-    ``on_eval`` are the pipeline's hooks (a progress display; Optuna's pruning callback).
-    """
-    return run_tracked(
-        config, parent_run_id=parent_run_id, run_name=run_name, progress=progress, on_eval=on_eval
-    )

@@ -6,7 +6,6 @@ the endpoint and the fake keys explicitly (``s3_storage_options``, ``s3_client``
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -19,16 +18,12 @@ from typing import Any
 
 import pytest
 
+from core.training.distributed import free_port
+
 S3_KEY = "testing-key"
 S3_SECRET = "testing-secret"
 S3_REGION = "us-east-1"
 _SERVER_START_TIMEOUT_S = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_until_up(url: str, proc: subprocess.Popen, log_path: Path) -> None:
@@ -54,7 +49,7 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         raise RuntimeError(
             f"moto_server not installed next to {sys.executable}: run infra/setup_env.sh"
         )
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path_factory.mktemp("moto") / "moto_server.log"
     with log_path.open("wb") as log:

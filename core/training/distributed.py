@@ -141,11 +141,21 @@ def all_reduce_max(value: _Number) -> _Number:
 # ---------------------------------------------------------------------------------------------
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` different TCP ports on 127.0.0.1 that are free right now (the project's one helper)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for sock in sockets:  # all bound at once, so the ports differ
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def _rank_entry(

@@ -150,12 +150,11 @@ def prefect_server(enabled: bool, state_dir: Path) -> Iterator[dict[str, str] | 
     if not enabled:
         yield None
         return
-    from core.training.distributed import free_port
+    from core.training.distributed import free_ports
     from infra.stack import stack_down, stack_up
 
-    info = stack_up(
-        state_dir, prefect_port=free_port(), mlflow_port=free_port(), s3_port=free_port()
-    )
+    prefect, mlflow_port, s3 = free_ports(3)
+    info = stack_up(state_dir, prefect_port=prefect, mlflow_port=mlflow_port, s3_port=s3)
     try:
         yield {"PREFECT_API_URL": info.env()["PREFECT_API_URL"]}
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,21 +14,11 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
+from core.training.distributed import free_ports
 from infra.stack import StackError, StackInfo, stack_down, stack_status, stack_up
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for sock in socks:  # all open at once, so the ports differ
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -48,7 +37,7 @@ def _gone(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackInfo]:
     state_dir = tmp_path_factory.mktemp("stack")
-    prefect, mlflow_port, s3 = _free_ports(3)
+    prefect, mlflow_port, s3 = free_ports(3)
     info = stack_up(
         state_dir, prefect_port=prefect, mlflow_port=mlflow_port, s3_port=s3, bucket="asyncrl-test"
     )
@@ -105,8 +94,8 @@ def test_refuses_second_stack(stack: StackInfo, tmp_path: Path) -> None:
         stack_up(Path(stack.state_dir), prefect_port=s["prefect"].port, mlflow_port=s["mlflow"].port,
                  s3_port=s["s3"].port)  # fmt: skip
     with pytest.raises(StackError, match="already in use.*mlflow port"):
-        stack_up(tmp_path / "other", prefect_port=_free_ports(1)[0], mlflow_port=s["mlflow"].port,
-                 s3_port=_free_ports(1)[0])  # fmt: skip
+        stack_up(tmp_path / "other", prefect_port=free_ports(1)[0], mlflow_port=s["mlflow"].port,
+                 s3_port=free_ports(1)[0])  # fmt: skip
     assert not (tmp_path / "other" / "stack.json").exists()
 
 
@@ -183,7 +172,7 @@ def test_failed_start_cleans_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(stack_module, "_spawn", spawn)
     state_dir = tmp_path / "state"
-    prefect, mlflow_port, s3 = _free_ports(3)
+    prefect, mlflow_port, s3 = free_ports(3)
     with pytest.raises(
         StackError, match=r"prefect exited during start-up(.|\n)*boom: cannot start"
     ):
