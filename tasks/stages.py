@@ -20,5 +20,7 @@ RETRIES: dict[str, int] = {"prepare_data": 2, "build_model": 1}
 
 def prefect_stage(name: str, fn: Callable[..., T], /, *args: Any) -> T:
     """Run ``fn(*args)`` as the Prefect task ``name`` of the current flow run."""
-    stage = task(fn, name=name, retries=RETRIES.get(name, 0), retry_delay_seconds=2, cache_policy=NONE)
+    stage = task(
+        fn, name=name, retries=RETRIES.get(name, 0), retry_delay_seconds=2, cache_policy=NONE
+    )
     return stage(*args)

@@ -58,7 +58,9 @@ class AlgorithmConfig:
         "token-mean", f"Loss aggregation, one of {AGGREGATION_MODES}."
     )
     loss_norm_constant: float | None = documented(
-        None, "Constant length C of seq-mean-token-sum-norm; None = padded width."
+        None,
+        "Constant length C of seq-mean-token-sum-norm; None = the generation budget "
+        "(rollout.max_new_tokens) in an experiment config.",
     )
     ppo_n_minibatches: int = documented(4, "Optimiser steps per training batch.")
 

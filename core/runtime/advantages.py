@@ -78,9 +78,12 @@ def with_advantages(
             source, mask, gamma=algo.gamma, baseline=baseline, group_size=algo.group_size
         )
     else:
+        # Outcome estimators score a sequence: with KL in the reward that is the outcome minus
+        # β·Σ_t KL_t, the sum of the sequence's token rewards (as verl's GRPO and RLOO do).
+        scores = token_rewards.sum(dim=1) if token_rewards is not None else rewards
         per_sequence = {
             "grpo": lambda r: grpo_advantages(r, algo.group_size, normalize_std=algo.normalize_std),
             "rloo": lambda r: rloo_advantages(r, algo.group_size),
-        }[estimator](rewards)
+        }[estimator](scores)
         advantages = per_sequence[:, None] * mask
     return batch.with_fields(advantages=advantages * mask, **fields)

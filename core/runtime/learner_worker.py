@@ -46,6 +46,7 @@ class LearnerWorker:
         common = dict(
             micro_batch_tokens=config.learner.micro_batch_tokens,
             dtype=config.model.dtype,
+            attn_implementation=config.model.attn_implementation,
             seed=config.experiment.seed,
             temperature=config.rollout.temperature,
         )

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.algorithms import kl_penalty, masked_mean
 from core.config import Config, config_hash
 from core.models import load_tokenizer
 from core.rollout.api import Group
@@ -116,7 +117,9 @@ class Trainer:
     def run(self) -> RLResult:
         cfg = self.config
         start, init_dir, rollout_state = self._recover()
-        learners = start_learners(cfg, init_dir)
+        # The learner starts from the run's initial policy, which stays its KL reference; on
+        # resume the checkpoint then restores the trained policy (and optimiser) over it.
+        learners = start_learners(cfg, self.model_dir)
         rollout = None
         try:
             if start:
@@ -204,6 +207,9 @@ class Trainer:
             "response/mean_tokens": n_tokens / len(batch),
             **{k: v for k, v in stats.items() if k.startswith(("actor/", "critic/"))},
         }
+        if ref is not None:  # the KL that the reward paid, per token, against the reference
+            kl = kl_penalty(batch.behaviour_logprobs, ref, algo.kl_estimator)
+            metrics["reward/kl_in_reward"] = float(masked_mean(kl, batch.loss_mask))
         self.sink.log_metrics(metrics, step)
         self._log_batch(step, version, groups, staleness)
         logger.info(
@@ -307,7 +313,8 @@ class Trainer:
             self.ckpt.path(latest),
             recover["version"],
         )
-        # The engine starts from the checkpoint's weights at its version: weights re-published.
+        # Our in-process engine loads the checkpoint's HF export at its version. Servers someone
+        # else started (rollout.server_addresses) are not sent these weights yet.
         return int(recover["version"]), str(hf_local), recover["rollout"]
 
     def _export(self, learners: LearnerGroup, version: int) -> str:

@@ -78,6 +78,7 @@ class Learner:
         micro_batch_tokens: int,
         temperature: float = 1.0,
         dtype: str = "float32",
+        attn_implementation: str = "sdpa",
         seed: int = 0,
         with_value_head: bool = False,
         reference_model_dir: str | Path | None = None,
@@ -99,14 +100,16 @@ class Learner:
 
         # Master weights are float32 whatever the compute dtype (see sharding.py). ``seed`` only
         # initialises the value head (nothing else here is random); no global RNG is touched.
+        attention = {"attn_implementation": attn_implementation}
         if with_value_head:
-            model: nn.Module = ValueModel.from_pretrained(model_dir, seed=seed)
+            model: nn.Module = ValueModel.from_pretrained(model_dir, seed=seed, **attention)
         else:
-            model = load_model(model_dir, dtype="float32")
+            model = load_model(model_dir, dtype="float32", **attention)
         self.model = self._place(model)
         self.reference: nn.Module | None = None
         if reference_model_dir is not None:
-            reference = load_model(reference_model_dir, dtype="float32").requires_grad_(False)
+            reference = load_model(reference_model_dir, dtype="float32", **attention)
+            reference.requires_grad_(False)
             self.reference = self._place(reference)
 
         self.optimizer = torch.optim.AdamW(

@@ -37,11 +37,16 @@ class ValueModel(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, *, dtype: str = "float32", seed: int = 0
+        cls,
+        path: str | Path,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        attn_implementation: str = "sdpa",
     ) -> ValueModel:
         """The backbone of the causal LM saved in ``path`` with a fresh value head."""
         causal_lm = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=torch_dtype(dtype), attn_implementation="sdpa"
+            str(path), dtype=torch_dtype(dtype), attn_implementation=attn_implementation
         )
         backbone = causal_lm.get_decoder()
         model = cls(backbone, causal_lm.config.hidden_size, seed=seed)

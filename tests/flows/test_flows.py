@@ -93,7 +93,7 @@ def test_ablate_command_parses_the_config_once_and_compares(
 ) -> None:
     from typer.testing import CliRunner
 
-    import core.config as config_module
+    import core.config.loading as config_module
     from flows.cli import app
 
     reads: list[Path] = []

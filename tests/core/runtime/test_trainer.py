@@ -247,3 +247,40 @@ def test_ray_placement_runs_rollout_and_two_learner_ranks(tmp_path: Path) -> Non
     assert summary["version"] == 3 == summary["rollout"]["version"]
     batches = read_jsonl(tmp_path / "quickstart" / "ray" / "batches.jsonl")
     assert max(s for b in batches for s in b["staleness"]) <= 1
+
+
+@pytest.mark.e2e
+def test_resume_keeps_the_initial_policy_as_kl_reference(tmp_path: Path) -> None:
+    """KL to the reference after a resume is the KL an uninterrupted run sees: the reference
+    stays the initial policy (it used to become the checkpointed policy, so KL restarted at 0)."""
+    common = [
+        *TINY,
+        f"cluster.fileroot={tmp_path}",
+        "rollout.max_staleness=0",
+        "algorithm.kl_coef=0.05",
+        "algorithm.lr=1e-3",
+        "rollout.reward_fn=tests.experiments.rewards:digit_share",
+        "checkpoint.every_n_steps=1",
+    ]
+    run_experiment(
+        load_config(QUICKSTART, [*common, "experiment.trial=straight", "learner.total_steps=4"])
+    )
+    run_experiment(
+        load_config(QUICKSTART, [*common, "experiment.trial=resumed", "learner.total_steps=2"])
+    )
+    resumed = load_config(
+        QUICKSTART,
+        [*common, "experiment.trial=resumed", "learner.total_steps=4", "checkpoint.recover=auto"],
+    )
+    assert run_experiment(resumed)["steps"] == 2  # steps 2 and 3, after resuming at version 2
+
+    def per_step(trial: str) -> dict[int, dict[str, Any]]:
+        rows = read_jsonl(tmp_path / "quickstart" / trial / "metrics.jsonl")
+        return {row["step"]: row for row in rows if "actor/kl" in row}
+
+    straight, again = per_step("straight"), per_step("resumed")
+    assert sorted(again) == [0, 1, 2, 3]
+    assert straight[3]["actor/kl"] > 1e-4  # the policy moved away from the reference
+    for step in (2, 3):
+        assert again[step]["reward/mean"] == pytest.approx(straight[step]["reward/mean"], abs=1e-6)
+        assert again[step]["actor/kl"] == pytest.approx(straight[step]["actor/kl"], rel=1e-3)

@@ -150,3 +150,19 @@ def test_dropout_is_detected_so_the_learner_recomputes_proximal(model_dir) -> No
     model.config.attention_dropout = 0.1
     assert _has_dropout(model)
     assert _has_dropout(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)))
+
+
+def test_learner_honours_the_attention_implementation(model_dir, batch) -> None:
+    kw = dict(ADAM, micro_batch_tokens=64, reference_model_dir=model_dir)
+    eager = Learner(model_dir, **kw, attn_implementation="eager")
+    assert eager.model.config._attn_implementation == "eager"
+    assert eager.reference.config._attn_implementation == "eager"
+    critic = Learner(model_dir, **ADAM, micro_batch_tokens=64, with_value_head=True,
+                     attn_implementation="eager")  # fmt: skip
+    assert critic.model.backbone.config._attn_implementation == "eager"
+    sdpa = Learner(model_dir, **kw)  # the default
+    assert sdpa.model.config._attn_implementation == "sdpa"
+    # the kernels differ, the log-probs do not
+    torch.testing.assert_close(
+        eager.compute_logprobs(batch), sdpa.compute_logprobs(batch), atol=1e-5, rtol=0
+    )

@@ -1,0 +1,77 @@
+"""The experiment config: one dataclass per section, every field documented, validated in one place.
+
+- :mod:`core.config.sections` — the schema (:class:`Config` and its sections);
+- :mod:`core.config.loading` — YAML + ``key=value`` overrides parsed once into a
+  :class:`ConfigSource`, resolved (with variants) into a validated :class:`Config`;
+- :mod:`core.config.export` — dict/YAML, flat params, a stable hash, the generated docs.
+
+``algorithm=NAME`` (in the YAML or on the command line) selects a preset from
+``core.algorithms.PRESETS``; the YAML's and the command line's ``algorithm.*`` fields then override
+the preset field by field.
+"""
+
+from core.config.export import (
+    config_hash,
+    docs_markdown,
+    field_docs,
+    flatten,
+    to_dict,
+    to_yaml,
+)
+from core.config.loading import (
+    CHOICES,
+    RENAMED,
+    ConfigSource,
+    load_config,
+    parse_config,
+    select,
+    stamp_trial,
+    validate,
+)
+from core.config.sections import (
+    CheckpointConfig,
+    ClusterConfig,
+    Config,
+    ConfigError,
+    CriticConfig,
+    DataConfig,
+    EvalConfig,
+    ExperimentConfig,
+    LearnerConfig,
+    ModelConfig,
+    RolloutConfig,
+    SchedulerConfig,
+    SFTConfig,
+    TrackingConfig,
+)
+
+__all__ = [
+    "CHOICES",
+    "RENAMED",
+    "CheckpointConfig",
+    "ClusterConfig",
+    "Config",
+    "ConfigError",
+    "ConfigSource",
+    "CriticConfig",
+    "DataConfig",
+    "EvalConfig",
+    "ExperimentConfig",
+    "LearnerConfig",
+    "ModelConfig",
+    "RolloutConfig",
+    "SFTConfig",
+    "SchedulerConfig",
+    "TrackingConfig",
+    "config_hash",
+    "docs_markdown",
+    "field_docs",
+    "flatten",
+    "load_config",
+    "parse_config",
+    "select",
+    "stamp_trial",
+    "to_dict",
+    "to_yaml",
+    "validate",
+]

@@ -1,0 +1,311 @@
+"""From a YAML file and ``key=value`` overrides to a validated :class:`Config`.
+
+A config is resolved in layers, each a dict checked against the schema before it is merged::
+
+    schema defaults  <-  algorithm preset  <-  YAML file  <-  command-line overrides  <-  variant
+
+The file and overrides are read and parsed once (:func:`parse_config`, a :class:`ConfigSource`);
+variants — an ablation's algorithm and seed, a sweep trial's values — are layers of values on
+top, so resolving N of them parses nothing again. Unknown keys, renamed keys and wrong types
+raise :class:`ConfigError` naming the key before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import time
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from core.algorithms.config import PRESETS
+from core.config.sections import Config, ConfigError
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "scheduler.type": ("local", "ray"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "model.attn_implementation": ("sdpa", "eager", "flash_attention_2"),
+    "data.source": ("synthetic", "gsm8k"),
+    "rollout.engine": ("hf", "sglang", "vllm"),
+    "checkpoint.recover": ("off", "auto"),
+}
+
+
+# Keys renamed since earlier releases: an old key fails with a message naming the new one.
+RENAMED: dict[str, str] = {"actor": "learner", "eval.batch_size": "eval.max_concurrent"}
+
+Layer = tuple[str, dict[str, Any]]  # (where it came from, a nested dict checked against the schema)
+
+
+@dataclass
+class ConfigSource:
+    """A YAML file and command-line overrides, read and parsed once.
+
+    :meth:`resolve` merges them onto the schema defaults and the chosen algorithm preset; a
+    *variant* (an ablation's algorithm and seed, a sweep trial's values) is one more layer on
+    top, given as values, so N variants of one config never re-read or re-parse anything.
+    """
+
+    layers: list[Layer]
+
+    def with_values(self, values: dict[str, Any], label: str = "values") -> ConfigSource:
+        """The same source with one more layer of dotted-key values on top."""
+        layer = _nest(values)
+        _check_keys(layer, Config, prefix="", source=label)
+        return ConfigSource([*self.layers, (label, layer)])
+
+    def resolve(self, variant: dict[str, Any] | None = None, label: str = "variant") -> Config:
+        """The validated :class:`Config`; ``variant`` maps dotted keys to values
+        (``{"algorithm": "ppo", "experiment.seed": 2}``) and wins over every layer."""
+        return _merge((self.with_values(variant, label) if variant else self).layers)
+
+
+def parse_config(
+    path: str | Path | None = None, overrides: list[str] | None = None
+) -> ConfigSource:
+    """Read the YAML file and parse ``key=value`` overrides, checking every key (not yet merged)."""
+    layers: list[Layer] = []
+    if path is not None:
+        layers.append((str(path), _read_yaml(Path(path))))
+    if overrides:
+        layers.append(("command line", _parse_overrides(overrides)))
+    for source, layer in layers:
+        _check_keys(layer, Config, prefix="", source=source)
+    return ConfigSource(layers)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Resolve a YAML file and ``key=value`` overrides into a validated :class:`Config`."""
+    return parse_config(path, overrides).resolve()
+
+
+def _merge(layers: list[Layer]) -> Config:
+    """schema defaults ← algorithm preset ← layers, then validation."""
+    preset = "grpo"
+    for _, layer in layers:
+        algorithm = layer.get("algorithm")
+        if isinstance(algorithm, str):  # `algorithm: dapo` selects a preset ...
+            preset = algorithm
+        elif isinstance(algorithm, dict) and "name" in algorithm:  # ... so does algorithm.name
+            preset = algorithm["name"]
+    if preset not in PRESETS:
+        raise ConfigError(f"algorithm={preset!r} is not a preset; choose one of {sorted(PRESETS)}")
+    merged = OmegaConf.structured(Config)
+    preset_layer = (f"preset {preset!r}", {"algorithm": {**PRESETS[preset], "name": preset}})
+    for source, layer in [preset_layer, *layers]:
+        if isinstance(layer.get("algorithm"), str):  # the preset name, applied above
+            layer = {**layer, "algorithm": {"name": layer["algorithm"]}}
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as err:
+            raise ConfigError(_type_error_message(err, source)) from None
+    try:
+        config = typing.cast(Config, OmegaConf.to_object(merged))
+    except (OmegaConfBaseException, ValueError) as err:  # __post_init__ validation
+        raise ConfigError(str(err).split("\n")[0]) from None
+    _fill_derived(config)
+    validate(config)
+    return config
+
+
+def _fill_derived(config: Config) -> None:
+    """Defaults that depend on another section, written into the config so the run records them."""
+    algo = config.algorithm
+    if algo.loss_aggregation == "seq-mean-token-sum-norm" and algo.loss_norm_constant is None:
+        algo.loss_norm_constant = float(config.rollout.max_new_tokens)  # Dr.GRPO's constant C
+
+
+def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
+    """``{"a.b": 1, "c": 2}`` → ``{"a": {"b": 1}, "c": 2}``."""
+    nested: dict[str, Any] = {}
+    for key, value in dotted.items():
+        *parents, leaf = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"'{key}' conflicts with another key of the same variant")
+        node[leaf] = value
+    return nested
+
+
+def validate(config: Config) -> None:
+    """Cross-field checks that no single section can make on its own."""
+    for key, choices in CHOICES.items():
+        value = select(config, key)
+        if value not in choices:
+            raise ConfigError(f"{key}={value!r} is not one of {list(choices)}")
+    positive = [
+        "rollout.batch_size",
+        "rollout.max_concurrent",
+        "rollout.max_new_tokens",
+        "learner.n_ranks",
+        "learner.micro_batch_tokens",
+        "eval.max_concurrent",
+        "eval.max_new_tokens",
+        "sft.batch_size",
+        "model.vocab_size",
+        "cluster.n_nodes",
+    ]
+    for key in positive:
+        if select(config, key) <= 0:
+            raise ConfigError(f"{key} must be > 0, got {select(config, key)}")
+    non_negative = [
+        "rollout.max_staleness",
+        "learner.total_steps",
+        "sft.steps",
+        "rollout.top_k",
+        "eval.every_n_steps",
+        "checkpoint.every_n_steps",
+        "eval.n_problems",
+        "data.n_train",
+        "data.n_test",
+        "cluster.n_gpus_per_node",
+    ]
+    for key in non_negative:
+        if select(config, key) < 0:
+            raise ConfigError(f"{key} must be >= 0, got {select(config, key)}")
+    if config.rollout.temperature < 0:
+        raise ConfigError(f"rollout.temperature must be >= 0, got {config.rollout.temperature}")
+    if not 0 < config.rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p must be in (0, 1], got {config.rollout.top_p}")
+    if config.checkpoint.keep_last < 1:
+        raise ConfigError(f"checkpoint.keep_last must be >= 1, got {config.checkpoint.keep_last}")
+    if config.data.source == "synthetic" and config.data.n_test <= 0:
+        raise ConfigError("data.n_test must be > 0 for synthetic data")
+    algo = config.algorithm
+    if algo.overlong_reward_penalty:
+        max_len = algo.overlong_max_len or config.rollout.max_new_tokens
+        if not 0 < algo.overlong_buffer_len <= max_len:
+            raise ConfigError(
+                f"algorithm.overlong_buffer_len={algo.overlong_buffer_len} must be in (0, {max_len}] "
+                "(algorithm.overlong_max_len, or rollout.max_new_tokens when unset)"
+            )
+    for key in ("rollout.workflow", "rollout.reward_fn"):
+        if ":" not in select(config, key):
+            raise ConfigError(
+                f"{key}={select(config, key)!r} must be an import path 'module:attribute'"
+            )
+    if (
+        config.rollout.engine != "hf"
+        and not config.rollout.server_addresses
+        and config.cluster.n_gpus_per_node == 0
+    ):
+        raise ConfigError(
+            f"rollout.engine={config.rollout.engine!r} needs GPUs (cluster.n_gpus_per_node > 0) "
+            "or running servers in rollout.server_addresses"
+        )
+
+
+def stamp_trial(config: Config) -> Config:
+    """Give a run without ``experiment.trial`` a timestamp trial (its run folder's name)."""
+    if not config.experiment.trial:
+        config.experiment.trial = time.strftime("%Y%m%d-%H%M%S")
+    return config
+
+
+def select(config: Config, dotted: str) -> Any:
+    """``select(cfg, "rollout.max_staleness")``."""
+    value: Any = config
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as err:  # yaml.YAMLError and friends: report the file either way
+        raise ConfigError(f"cannot parse config file {path}: {err}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, not a list")
+    return typing.cast(dict[str, Any], OmegaConf.to_container(loaded))
+
+
+def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(
+                f"override {item!r} must look like key=value (e.g. rollout.max_staleness=4)"
+            )
+    # `algorithm=NAME` names a preset; kept apart so it cannot clobber `algorithm.*` overrides
+    # given before it on the same command line.
+    presets = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0] == "algorithm"]
+    fields = [item for item in overrides if item.split("=", 1)[0] != "algorithm"]
+    try:
+        parsed = typing.cast(dict[str, Any], OmegaConf.to_container(OmegaConf.from_dotlist(fields)))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"cannot parse overrides {overrides}: {err}") from None
+    if presets:
+        section = parsed.setdefault("algorithm", {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"'algorithm' (in command line) is a section, got {section!r}")
+        section["name"] = presets[-1]
+    return parsed
+
+
+def _check_keys(layer: dict[str, Any], schema: type, prefix: str, source: str) -> None:
+    """Every key must be a field of the schema; suggest the closest valid names otherwise."""
+    hints = typing.get_type_hints(schema)
+    names = [f.name for f in dataclasses.fields(schema)]
+    for key, value in layer.items():
+        dotted = f"{prefix}{key}"
+        if dotted in RENAMED:
+            raise ConfigError(f"config key '{dotted}' (in {source}) is now '{RENAMED[dotted]}'")
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=3, cutoff=0.5)
+            valid = [f"{prefix}{name}" for name in (close or names)]
+            label = "did you mean" if close else "valid keys here"
+            raise ConfigError(
+                f"unknown config key '{dotted}' (in {source}); {label}: {', '.join(valid)}"
+            )
+        hint = hints[key]
+        if not prefix and key == "algorithm" and isinstance(value, str):
+            continue  # `algorithm: dapo` names a preset (checked when merged)
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, dict):
+                raise ConfigError(
+                    f"'{dotted}' (in {source}) is a section; expected a mapping, got {value!r}"
+                )
+            _check_keys(value, typing.cast(type, hint), f"{dotted}.", source)
+
+
+def _type_error_message(err: OmegaConfBaseException, source: str) -> str:
+    key = getattr(err, "full_key", None) or "?"
+    expected = "?"
+    try:
+        expected = type_name(_hint_for(key))
+    except (AttributeError, KeyError):
+        pass
+    value = getattr(err, "value", None)
+    got = f" got {value!r}" if value is not None else ""
+    first_line = str(err).split("\n")[0]
+    return f"config key '{key}' (in {source}) expects {expected};{got} ({first_line})"
+
+
+def _hint_for(dotted: str) -> Any:
+    schema: Any = Config
+    hint: Any = None
+    for part in dotted.split("."):
+        hint = typing.get_type_hints(schema)[part]
+        schema = hint
+    return hint
+
+
+def type_name(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is None:
+        return getattr(hint, "__name__", str(hint))
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if origin in (list, ListConfig):
+        return f"list[{type_name(args[0])}]"
+    if len(args) == 1:
+        return f"{type_name(args[0])} or null"
+    return str(hint)

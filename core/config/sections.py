@@ -1,0 +1,248 @@
+"""The experiment schema: one dataclass per section, every field ``documented``.
+
+:class:`Config` is the whole experiment; its sections are grouped by purpose after TRL's configs.
+Loading, layering and validation live in :mod:`core.config.loading`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.algorithms.config import AlgorithmConfig
+from core.data.synthetic import SyntheticSpec
+from core.schema import documented
+
+
+class ConfigError(ValueError):
+    """A user-caused configuration problem; the message names the key, file or value."""
+
+
+@dataclass
+class ExperimentConfig:
+    """Names and seeds: where a run's outputs go is ``{cluster.fileroot}/{name}/{trial}``."""
+
+    name: str = documented(
+        "quickstart", "Experiment name; groups runs in the output folder and in MLflow."
+    )
+    trial: str = documented(
+        "", "Trial name inside the experiment; empty = a timestamp chosen at start."
+    )
+    seed: int = documented(
+        1, "Seed for data generation, model initialisation, sampling and shuffling."
+    )
+    description: str = documented("", "Free text recorded with the run.")
+
+
+@dataclass
+class ClusterConfig:
+    """Where the run's files live and how many machines it spans."""
+
+    fileroot: str = documented(
+        "runs",
+        "Root for run outputs and checkpoints: a local folder or any fsspec URL (s3://bucket/prefix).",
+    )
+    n_nodes: int = documented(1, "Number of machines (Ray nodes) the run spans.")
+    n_gpus_per_node: int = documented(0, "GPUs per node; 0 runs everything on CPU.")
+    ray_address: str = documented(
+        "", "Address of an existing Ray cluster to join; empty starts a local one."
+    )
+
+
+@dataclass
+class SchedulerConfig:
+    """How the rollout and learner processes are placed."""
+
+    type: str = documented(
+        "local", "'local' (plain processes, for debugging) or 'ray' (Ray actors)."
+    )
+    learner_cpus: float = documented(1.0, "CPUs reserved for the learner group (Ray).")
+    rollout_cpus: float = documented(1.0, "CPUs reserved for the rollout side (Ray).")
+    torch_threads: int = documented(
+        1, "torch.set_num_threads per process: each side on its own core(s), or they fight."
+    )
+
+
+@dataclass
+class ModelConfig:
+    """The policy model and its tokenizer."""
+
+    path: str = documented(
+        "tiny",
+        "A from-scratch preset ('tiny' ~1M, 'small' ~10M params), a local HF folder, or a hub id.",
+    )
+    tokenizer_path: str = documented(
+        "",
+        "Tokenizer folder or hub id; empty = the model's (presets train a BPE tokenizer on the training data).",
+    )
+    vocab_size: int = documented(
+        400, "Vocabulary size of the tokenizer trained for a preset model."
+    )
+    dtype: str = documented("float32", "Parameter dtype: float32 (CPU), bfloat16 or float16 (GPU).")
+    attn_implementation: str = documented(
+        "sdpa", "Attention kernel: 'sdpa' (CPU/GPU), 'flash_attention_2' (GPU, gpu extra), 'eager'."
+    )
+
+
+@dataclass
+class DataConfig:
+    """Training and held-out problems."""
+
+    source: str = documented(
+        "synthetic", "'synthetic' (generated GSM8K-style problems) or 'gsm8k'."
+    )
+    gsm8k_path: str = documented(
+        "bundled",
+        "For source=gsm8k: 'bundled' (the repo's copy), 'hub' (openai/gsm8k), or a file/folder path or fsspec URL with {split}.jsonl|parquet.",
+    )
+    template: str = documented("plain", "Prompt template name (core.data.templates).")
+    n_train: int = documented(
+        4000, "Training problems (synthetic: generated; gsm8k: the first n, 0 = all)."
+    )
+    n_test: int = documented(
+        1000,
+        "Held-out problems (synthetic: generated; gsm8k: the first n of the test split, 0 = all).",
+    )
+    strict: bool = documented(False, "Raise on a bad row instead of skipping it with a warning.")
+    synthetic: SyntheticSpec = documented(
+        help="Synthetic problem generator knobs.", factory=SyntheticSpec
+    )
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm start on the training solutions before RL."""
+
+    enabled: bool = documented(
+        True, "Run the SFT warm start (preset models start from random weights)."
+    )
+    steps: int = documented(600, "Optimizer steps.")
+    batch_size: int = documented(32, "Sequences per optimizer step.")
+    lr: float = documented(2e-3, "Peak learning rate (AdamW).")
+    warmup_steps: int = documented(30, "Linear warm-up steps before the cosine decay.")
+    min_lr_ratio: float = documented(0.1, "Final learning rate as a fraction of the peak.")
+    weight_decay: float = documented(0.0, "AdamW weight decay.")
+    max_grad_norm: float = documented(1.0, "Gradient clipping norm.")
+
+
+@dataclass
+class RolloutConfig:
+    """Generation: engines, sampling, and the staleness bound of the async loop."""
+
+    engine: str = documented(
+        "hf", "'hf' (in-process engine, CPU/GPU), 'sglang' or 'vllm' (HTTP servers)."
+    )
+    server_addresses: list[str] = documented(
+        [], "host:port of running inference servers (sglang/vllm/ours); empty = launch our own."
+    )
+    batch_size: int = documented(16, "Prompts per training step (each sampled group_size times).")
+    max_staleness: int = documented(
+        4, "Staleness bound η: a sample may be at most η weight versions old; 0 = synchronous RL."
+    )
+    max_concurrent: int = documented(64, "Most episodes in flight at once.")
+    max_new_tokens: int = documented(64, "Generation budget per completion.")
+    temperature: float = documented(
+        1.0, "Sampling temperature (the learner scales its logits the same way)."
+    )
+    top_p: float = documented(1.0, "Nucleus sampling; 1.0 = off.")
+    top_k: int = documented(0, "Top-k sampling; 0 = off.")
+    workflow: str = documented(
+        "core.rollout.rlvr:RLVRWorkflow", "Episode workflow, by import path."
+    )
+    reward_fn: str = documented(
+        "core.rewards.gsm8k:gsm8k_reward",
+        "Reward function (completion, reference) -> float, by import path.",
+    )
+    max_failure_rate: float = documented(
+        0.2, "Stop the run when more than this share of episodes fail."
+    )
+    max_turns: int = documented(4, "Tool-agent workflow: most model turns per episode.")
+    tool_latency_s: float = documented(
+        0.0, "Tool-agent workflow: simulated latency per tool call (models remote tools/APIs)."
+    )
+    tool_timeout_s: float = documented(
+        5.0, "Tool-agent workflow: wall-time limit of one sandboxed python call."
+    )
+
+
+@dataclass
+class LearnerConfig:
+    """The learner that trains the policy."""
+
+    n_ranks: int = documented(1, "Data-parallel FSDP2 ranks (processes).")
+    micro_batch_tokens: int = documented(
+        8192, "Token budget of one micro-batch (gradient accumulation splits above it)."
+    )
+    total_steps: int = documented(40, "RL training steps (weight versions).")
+
+
+@dataclass
+class CriticConfig:
+    """Value model for PPO-style presets (algorithm.use_critic)."""
+
+    path: str = documented(
+        "",
+        "Critic initial weights; empty = the policy's initial weights with a fresh value head (learning rate: algorithm.critic_lr).",
+    )
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation."""
+
+    n_problems: int = documented(1000, "Held-out problems evaluated (<= data.n_test; 0 = all).")
+    max_concurrent: int = documented(
+        128, "Most held-out episodes in flight at once (the engine batches what is in flight)."
+    )
+    max_new_tokens: int = documented(64, "Generation budget per answer.")
+    every_n_steps: int = documented(10, "Evaluate every N RL steps (0 = only before and after).")
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints for exact resume."""
+
+    url: str = documented(
+        "", "Where checkpoints go (any fsspec URL); empty = {run_dir}/checkpoints."
+    )
+    every_n_steps: int = documented(20, "Checkpoint every N RL steps (0 = only at the end).")
+    keep_last: int = documented(2, "Committed checkpoints to keep.")
+    recover: str = documented(
+        "off", "'off' or 'auto' (resume from the latest committed checkpoint)."
+    )
+
+
+@dataclass
+class TrackingConfig:
+    """Experiment tracking."""
+
+    mlflow_uri: str = documented(
+        "", "MLflow tracking URI; empty = sqlite under the experiment folder."
+    )
+    mlflow_experiment: str = documented("", "MLflow experiment name; empty = experiment.name.")
+
+
+@dataclass
+class Config:
+    """A whole experiment."""
+
+    experiment: ExperimentConfig = documented(help="Names and seeds.", factory=ExperimentConfig)
+    cluster: ClusterConfig = documented(help="Files and machines.", factory=ClusterConfig)
+    scheduler: SchedulerConfig = documented(help="Process placement.", factory=SchedulerConfig)
+    model: ModelConfig = documented(help="Policy model and tokenizer.", factory=ModelConfig)
+    data: DataConfig = documented(help="Training and held-out data.", factory=DataConfig)
+    sft: SFTConfig = documented(help="Supervised warm start.", factory=SFTConfig)
+    rollout: RolloutConfig = documented(help="Generation and staleness.", factory=RolloutConfig)
+    algorithm: AlgorithmConfig = documented(
+        help="RL algorithm (preset + overrides).", factory=AlgorithmConfig
+    )
+    learner: LearnerConfig = documented(help="Policy learner (FSDP2 ranks).", factory=LearnerConfig)
+    critic: CriticConfig = documented(help="Value model.", factory=CriticConfig)
+    eval: EvalConfig = documented(help="Held-out evaluation.", factory=EvalConfig)
+    checkpoint: CheckpointConfig = documented(help="Checkpoints.", factory=CheckpointConfig)
+    tracking: TrackingConfig = documented(help="Tracking.", factory=TrackingConfig)
+
+    @property
+    def run_dir(self) -> str:
+        """``{fileroot}/{experiment}/{trial}``: every output of this run lives under it."""
+        root = self.cluster.fileroot.rstrip("/")
+        return f"{root}/{self.experiment.name}/{self.experiment.trial}"
