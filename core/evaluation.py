@@ -4,7 +4,9 @@ Evals run the same workflow as training (so a tool agent's eval calls its tools)
 engine contract, with ``temperature = 0``. Greedy accuracy on a few hundred problems is noisy
 (±3.5 points at n=200), so the result carries its standard error; a task adds its own metrics
 (GSM8K: the share of answer-only completions) through its reward plug-in
-(:func:`core.rewards.registry.with_completion_metrics`).
+(:func:`core.rewards.registry.with_completion_metrics`). With ``n_samples`` > 0 every problem is
+also answered ``n`` times by sampling (seeded per problem and answer, so an eval is repeatable),
+giving pass@1, pass@n and mean@n.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from core.config import Config
 from core.inference.api import InferenceEngine
-from core.rewards.registry import CompletionMetric
-from core.rollout.api import Workflow
+from core.rewards.registry import CompletionMetric, completion_metrics
+from core.rollout.api import Workflow, derive_seed
 
 
 @dataclass
@@ -31,10 +34,36 @@ class EvalResult:
     stderr: float
     mean_new_tokens: float
     metrics: dict[str, float] = field(default_factory=dict)
+    sampled: dict[str, float] = field(default_factory=dict)  # pass_at_1, pass_at_n, mean_at_n
     examples: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``correct`` passed: ``1 − C(n−c, k) / C(n, k)``
+    (Chen et al., arXiv 2107.03374)."""
+    if not 0 < k <= n or not 0 <= correct <= n:
+        raise ValueError(
+            f"pass@k needs 0 < k <= n and 0 <= correct <= n; got {n=}, {correct=}, {k=}"
+        )
+    if n - correct < k:
+        return 1.0
+    return 1.0 - math.prod((n - correct - i) / (n - i) for i in range(k))
+
+
+def eval_settings(config: Config) -> dict[str, Any]:
+    """:func:`evaluate_workflow`'s keyword arguments from a config (its eval section and task)."""
+    e = config.eval
+    return {
+        "max_new_tokens": e.max_new_tokens,
+        "max_concurrent": e.max_concurrent,
+        "metrics": completion_metrics(config.rollout.reward_fn),
+        "n_samples": e.n_samples,
+        "temperature": e.temperature,
+        "seed": config.experiment.seed,
+    }
 
 
 async def evaluate_workflow(
@@ -45,10 +74,14 @@ async def evaluate_workflow(
     max_new_tokens: int,
     max_concurrent: int,
     metrics: Mapping[str, CompletionMetric] | None = None,
+    n_samples: int = 0,
+    temperature: float = 1.0,
+    seed: int = 0,
     n_examples: int = 3,
     on_sample: Callable[[int], None] | None = None,
 ) -> EvalResult:
-    """Greedy episodes of ``workflow`` on ``samples`` (dicts with ``question`` and ``answer``)."""
+    """Greedy episodes of ``workflow`` on ``samples`` (dicts with ``question`` and ``answer``),
+    and ``n_samples`` sampled ones per sample at ``temperature`` (a reward > 0.5 passes)."""
     if not samples:
         raise ValueError(
             "evaluation needs at least one held-out sample (eval.n_problems / data.n_test)"
@@ -69,6 +102,11 @@ async def evaluate_workflow(
         return trajectory.reward, trajectory.metadata.get("completion", ""), trajectory.n_generated
 
     results = await asyncio.gather(*(one(s) for s in samples))
+    sampled = {}
+    if n_samples > 0:
+        drawn = copy.copy(greedy)
+        drawn.sampling = dataclasses.replace(greedy.sampling, temperature=temperature)
+        sampled = await _sampled_scores(engine, drawn, samples, n_samples, seed, slots)
     n = len(results)
     accuracy = sum(reward for reward, _, _ in results) / n
     return EvalResult(
@@ -80,8 +118,36 @@ async def evaluate_workflow(
             name: sum(float(metric(text)) for _, text, _ in results) / n
             for name, metric in (metrics or {}).items()
         },
+        sampled=sampled,
         examples=[
             {"question": s["question"], "completion": text, "reference": s["answer"], "reward": r}
             for s, (r, text, _) in list(zip(samples, results, strict=True))[:n_examples]
         ],
     )
+
+
+async def _sampled_scores(
+    engine: InferenceEngine,
+    workflow: Workflow,
+    samples: Sequence[dict[str, Any]],
+    n: int,
+    seed: int,
+    slots: asyncio.Semaphore,
+) -> dict[str, float]:
+    """pass@1, pass@n and mean@n from ``n`` sampled answers per problem (seeded per answer)."""
+
+    async def reward(index: int, sample: dict[str, Any], i: int) -> float:
+        async with slots:
+            seeded = {**sample, "seed": derive_seed(seed, "eval", index, i)}
+            trajectory = await workflow.run_episode(engine, seeded)
+        return 0.0 if trajectory is None else trajectory.reward
+
+    rewards = await asyncio.gather(
+        *(reward(j, sample, i) for j, sample in enumerate(samples) for i in range(n))
+    )
+    passed = [sum(r > 0.5 for r in rewards[j * n : (j + 1) * n]) for j in range(len(samples))]
+    return {
+        "pass_at_1": sum(pass_at_k(n, c, 1) for c in passed) / len(samples),
+        f"pass_at_{n}": sum(pass_at_k(n, c, n) for c in passed) / len(samples),
+        f"mean_at_{n}": sum(rewards) / len(rewards),
+    }

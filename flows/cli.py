@@ -158,9 +158,10 @@ def _print_summary(summary: dict[str, Any]) -> None:
     table.add_row("accuracy before RL", fmt(summary.get("accuracy_before")))
     table.add_row("accuracy after RL", fmt(summary.get("accuracy_after")))
     evals = summary.get("evals") or []
-    for name in evals[0]["metrics"] if evals else ():  # the task's own eval metrics
-        before, after = evals[0]["metrics"][name], evals[-1]["metrics"][name]
-        table.add_row(f"{name} before → after", f"{before:.2f} → {after:.2f}")
+    for group in ("metrics", "sampled"):  # the task's own eval metrics; pass@k and mean@k
+        for name in evals[0][group] if evals else ():
+            before, after = evals[0][group][name], evals[-1][group][name]
+            table.add_row(f"{name} before → after", f"{before:.3f} → {after:.3f}")
     table.add_row("RL steps", str(summary["steps"]))
     if "samples_per_s" in summary:
         table.add_row("samples/s (RL)", fmt(summary["samples_per_s"], ".1f"))

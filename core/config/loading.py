@@ -161,6 +161,7 @@ def validate(config: Config) -> None:
         "sft.steps",
         "rollout.top_k",
         "eval.every_n_steps",
+        "eval.n_samples",
         "checkpoint.every_n_steps",
         "eval.n_problems",
         "data.n_train",
@@ -170,6 +171,8 @@ def validate(config: Config) -> None:
     for key in non_negative:
         if select(config, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {select(config, key)}")
+    if config.eval.n_samples > 0 and not config.eval.temperature > 0:
+        raise ConfigError(f"eval.temperature must be > 0 to sample, got {config.eval.temperature}")
     if config.rollout.temperature < 0:
         raise ConfigError(f"rollout.temperature must be >= 0, got {config.rollout.temperature}")
     if not 0 < config.rollout.top_p <= 1:

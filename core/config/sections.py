@@ -195,6 +195,14 @@ class EvalConfig:
     )
     max_new_tokens: int = documented(64, "Generation budget per answer.")
     every_n_steps: int = documented(10, "Evaluate every N RL steps (0 = only before and after).")
+    n_samples: int = documented(
+        0,
+        "Sampled answers per problem, besides the greedy one behind accuracy, for pass@k and "
+        "mean@k (k = 1 and n_samples); 0 = none.",
+    )
+    temperature: float = documented(
+        1.0, "Sampling temperature of those answers (plain sampling: no top-p/top-k)."
+    )
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from core.config import Config, config_hash, to_yaml
+from core.config import Config, config_hash, stamp_trial, to_yaml
 from core.evaluation import EvalResult
 from core.runtime.metrics import FanOut, JsonlSink, MemorySink, MetricSink
 from core.runtime.sft import sft_warm_start
@@ -63,6 +63,7 @@ class Pipeline:
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
 
     def __post_init__(self) -> None:
+        stamp_trial(self.config)  # a run without a trial gets a timestamp folder
         path = local_path(join(self.config.run_dir, "metrics.jsonl"))
         self.memory = MemorySink()
         self.sink = FanOut([self.memory, JsonlSink(path), *self.sinks])

@@ -20,10 +20,9 @@ import torch
 
 from core.config import Config
 from core.data.dataloader import ResumableDataLoader
-from core.evaluation import evaluate_workflow
+from core.evaluation import eval_settings, evaluate_workflow
 from core.inference.api import InferenceEngine, WeightSource
 from core.models import load_tokenizer
-from core.rewards.registry import completion_metrics
 from core.rollout.api import Group, Workflow, derive_seed
 from core.rollout.executor import RolloutExecutor
 
@@ -138,9 +137,10 @@ class RolloutWorker:
     def stats(self) -> dict[str, Any]:
         return {"version": self.executor.version, **self.executor.counters.as_dict()}
 
-    def evaluate(self, samples: list[dict], max_new_tokens: int) -> dict[str, Any]:
-        """Greedy accuracy on held-out ``samples`` through the engine (current weights)."""
-        return self._run(self._evaluate(samples, max_new_tokens))
+    def evaluate(self, samples: list[dict]) -> dict[str, Any]:
+        """Held-out accuracy on ``samples`` through the engine (current weights), as
+        ``eval.*`` configures it."""
+        return self._run(self._evaluate(samples))
 
     def close(self) -> None:
         self._run(self.executor.stop())
@@ -172,10 +172,6 @@ class RolloutWorker:
         loader_state = states[0] if states else self.loader.state_dict()
         return {"dataloader": loader_state, "counters": self.executor.counters.as_dict()}
 
-    async def _evaluate(self, samples: list[dict], max_new_tokens: int) -> dict[str, Any]:
-        c = self.config
-        result = await evaluate_workflow(
-            self.engine, self.workflow, samples, max_new_tokens=max_new_tokens,
-            max_concurrent=c.eval.max_concurrent, metrics=completion_metrics(c.rollout.reward_fn),
-        )  # fmt: skip
-        return result.to_dict()
+    async def _evaluate(self, samples: list[dict]) -> dict[str, Any]:
+        settings = eval_settings(self.config)
+        return (await evaluate_workflow(self.engine, self.workflow, samples, **settings)).to_dict()

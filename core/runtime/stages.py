@@ -17,9 +17,8 @@ from core.config import Config, config_hash
 from core.data.gsm8k import load_gsm8k
 from core.data.synthetic import generate_splits
 from core.data.templates import render_prompt
-from core.evaluation import EvalResult, evaluate_workflow
+from core.evaluation import EvalResult, eval_settings, evaluate_workflow
 from core.models import create_pretrained, is_preset, load_model, load_tokenizer
-from core.rewards.registry import completion_metrics
 from core.runtime.metrics import MetricSink
 from core.runtime.rollout_worker import build_engine, build_workflow
 from core.runtime.trainer import EvalCallback, RLResult, Trainer
@@ -121,10 +120,8 @@ def evaluate_model(
                 engine,
                 build_workflow(config, tokenizer),
                 test[: config.eval.n_problems or len(test)],
-                max_new_tokens=config.eval.max_new_tokens,
-                max_concurrent=config.eval.max_concurrent,
-                metrics=completion_metrics(config.rollout.reward_fn),
                 on_sample=on_sample,
+                **eval_settings(config),
             )
         )
     finally:

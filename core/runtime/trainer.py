@@ -254,7 +254,7 @@ class Trainer:
 
     def _evaluate(self, rollout: Any, version: int) -> None:
         t0 = time.perf_counter()
-        result = rollout.call("evaluate", self.test, self.config.eval.max_new_tokens)
+        result = rollout.call("evaluate", self.test)
         # elapsed_s: RL wall time when this eval started; rl_s: the same without the earlier eval
         # and checkpoint pauses (for time-to-target-accuracy).
         seconds = time.perf_counter() - t0
@@ -266,8 +266,12 @@ class Trainer:
         )
         self._paused += seconds
         self.evals.append(result)
-        task_metrics = {f"eval/{name}": value for name, value in result["metrics"].items()}
-        self.sink.log_metrics({"eval/accuracy": result["accuracy"], **task_metrics}, version)
+        extra = {**result["metrics"], **result["sampled"]}  # the task's own; pass@k, mean@k
+        metrics = {
+            "eval/accuracy": result["accuracy"],
+            **{f"eval/{k}": v for k, v in extra.items()},
+        }
+        self.sink.log_metrics(metrics, version)
         logger.info(
             "eval at version %d: accuracy %.3f (n=%d)", version, result["accuracy"], result["n"]
         )

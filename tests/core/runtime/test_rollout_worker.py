@@ -100,7 +100,7 @@ def test_worker_in_subprocess_and_resume_state(setup) -> None:
         first = drive(worker, root, steps=2, eta=1)
         state = worker.call("state_dict")
         following = [g.sample_id for g in worker.call("prepare_batch", 120)]
-        evaluation = worker.call("evaluate", train[:8], 12)
+        evaluation = worker.call("evaluate", train[:8])
     finally:
         worker.close()
     assert not worker.process.is_alive()

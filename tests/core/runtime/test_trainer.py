@@ -54,10 +54,18 @@ def test_rl_run_respects_staleness_and_publishes(tmp_path: Path, eta: int) -> No
             "experiment.trial=t",
             f"rollout.max_staleness={eta}",
             "learner.total_steps=4",
+            "eval.n_samples=2",
         ],
     )
     summary = run_experiment(cfg)
     run_dir = tmp_path / "quickstart" / "t"
+    # evals before and after RL, each with the task's metric and pass@k / mean@k
+    evals = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "eval/accuracy" in m]
+    assert [m["step"] for m in evals] == [0, 4]
+    assert all(
+        {"eval/direct_share", "eval/pass_at_1", "eval/pass_at_2", "eval/mean_at_2"} <= set(m)
+        for m in evals
+    )
     batches = read_jsonl(run_dir / "batches.jsonl")
     assert [b["step"] for b in batches] == [0, 1, 2, 3]
     assert [b["version"] for b in batches] == [1, 2, 3, 4]
