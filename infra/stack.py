@@ -147,10 +147,23 @@ def _group_alive(pid: int) -> bool:
     return True
 
 
+def _is_child(pid: int) -> bool:
+    """``pid`` is a child of this process (an unreaped child's PID cannot have been reused)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return True
+
+
 def _owns(service: Service) -> bool:
     """The recorded PID still runs what we started (guards against PID reuse after a reboot)."""
     if not _group_alive(service.pid):
         return False
+    if _is_child(service.pid):
+        # Started by this process: ours, even in the instant between fork and exec when its
+        # command line is still ours (a stack that fails while another service starts).
+        return True
     cmdline = Path(f"/proc/{service.pid}/cmdline")
     if not cmdline.exists():  # not Linux, or the leader exited while the group lives on
         return True

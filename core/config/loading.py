@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import time
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from core.algorithms.config import PRESETS
 from core.config.sections import Config, ConfigError
+from core.rewards.registry import resolve_reward
+from core.rollout.api import workflow_class
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "scheduler.type": ("local", "ray"),
@@ -134,51 +138,47 @@ def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
     return nested
 
 
+# Range checks by key; every float anywhere in the config must also be finite.
+POSITIVE = (
+    "rollout.batch_size", "rollout.max_concurrent", "rollout.max_new_tokens", "rollout.max_turns",
+    "rollout.tool_timeout_s", "learner.n_ranks", "learner.micro_batch_tokens",
+    "eval.max_concurrent", "eval.max_new_tokens", "sft.batch_size", "sft.lr", "model.vocab_size",
+    "cluster.n_nodes", "scheduler.torch_threads", "scheduler.learner_cpus",
+    "scheduler.rollout_cpus", "checkpoint.keep_last",
+)  # fmt: skip
+NON_NEGATIVE = (
+    "rollout.max_staleness", "rollout.top_k", "rollout.tool_latency_s", "learner.total_steps",
+    "sft.steps", "sft.warmup_steps", "sft.weight_decay", "sft.max_grad_norm",
+    "eval.every_n_steps", "eval.n_samples", "eval.n_problems", "checkpoint.every_n_steps",
+    "data.n_train", "data.n_test", "cluster.n_gpus_per_node",
+)  # fmt: skip
+FRACTIONS = ("sft.min_lr_ratio", "rollout.max_failure_rate")  # in [0, 1]
+
+
 def validate(config: Config) -> None:
-    """Cross-field checks that no single section can make on its own."""
+    """Value and cross-field checks, and the plug-ins resolved: all before any work starts."""
+    for key, value in _leaves(config):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value} must be a finite number")
     for key, choices in CHOICES.items():
         value = select(config, key)
         if value not in choices:
             raise ConfigError(f"{key}={value!r} is not one of {list(choices)}")
-    positive = [
-        "rollout.batch_size",
-        "rollout.max_concurrent",
-        "rollout.max_new_tokens",
-        "learner.n_ranks",
-        "learner.micro_batch_tokens",
-        "eval.max_concurrent",
-        "eval.max_new_tokens",
-        "sft.batch_size",
-        "model.vocab_size",
-        "cluster.n_nodes",
-    ]
-    for key in positive:
+    for key in POSITIVE:
         if select(config, key) <= 0:
             raise ConfigError(f"{key} must be > 0, got {select(config, key)}")
-    non_negative = [
-        "rollout.max_staleness",
-        "learner.total_steps",
-        "sft.steps",
-        "rollout.top_k",
-        "eval.every_n_steps",
-        "eval.n_samples",
-        "checkpoint.every_n_steps",
-        "eval.n_problems",
-        "data.n_train",
-        "data.n_test",
-        "cluster.n_gpus_per_node",
-    ]
-    for key in non_negative:
+    for key in NON_NEGATIVE:
         if select(config, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {select(config, key)}")
+    for key in FRACTIONS:
+        if not 0 <= select(config, key) <= 1:
+            raise ConfigError(f"{key} must be in [0, 1], got {select(config, key)}")
     if config.eval.n_samples > 0 and not config.eval.temperature > 0:
         raise ConfigError(f"eval.temperature must be > 0 to sample, got {config.eval.temperature}")
     if config.rollout.temperature < 0:
         raise ConfigError(f"rollout.temperature must be >= 0, got {config.rollout.temperature}")
     if not 0 < config.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p must be in (0, 1], got {config.rollout.top_p}")
-    if config.checkpoint.keep_last < 1:
-        raise ConfigError(f"checkpoint.keep_last must be >= 1, got {config.checkpoint.keep_last}")
     if config.data.source == "synthetic" and config.data.n_test <= 0:
         raise ConfigError("data.n_test must be > 0 for synthetic data")
     algo = config.algorithm
@@ -189,11 +189,14 @@ def validate(config: Config) -> None:
                 f"algorithm.overlong_buffer_len={algo.overlong_buffer_len} must be in (0, {max_len}] "
                 "(algorithm.overlong_max_len, or rollout.max_new_tokens when unset)"
             )
-    for key in ("rollout.workflow", "rollout.reward_fn"):
-        if ":" not in select(config, key):
-            raise ConfigError(
-                f"{key}={select(config, key)!r} must be an import path 'module:attribute'"
-            )
+    for key, resolve in (
+        ("rollout.reward_fn", resolve_reward),
+        ("rollout.workflow", workflow_class),
+    ):
+        try:  # a typo fails now, not after minutes of SFT
+            resolve(select(config, key))
+        except ValueError as err:
+            raise ConfigError(f"{key}: {err}") from None
     if (
         config.rollout.engine != "hf"
         and not config.rollout.server_addresses
@@ -210,6 +213,16 @@ def stamp_trial(config: Config) -> Config:
     if not config.experiment.trial:
         config.experiment.trial = time.strftime("%Y%m%d-%H%M%S")
     return config
+
+
+def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``("rollout.temperature", 1.0)`` for every leaf field of a config (or section)."""
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", value
 
 
 def select(config: Config, dotted: str) -> Any:

@@ -5,20 +5,18 @@ Experiments name their reward as ``"module.sub:function"`` (for example
 workers on other machines resolve the same function.
 """
 
-import importlib
 import inspect
 import logging
 import math
 import numbers
-import re
 from collections.abc import Callable
+
+from core.plugins import load_object
 
 logger = logging.getLogger(__name__)
 
 RewardFn = Callable[[str, str], float]
 CompletionMetric = Callable[[str], float]
-
-_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
 
 def _check_arity(fn: Callable[..., object], path: str) -> None:
@@ -40,17 +38,7 @@ def resolve_reward(path: str) -> RewardFn:
     Raises ValueError naming ``path`` when the format is wrong, the module or attribute is
     missing, or the attribute is not callable with two positional arguments.
     """
-    if not isinstance(path, str) or _PATH.fullmatch(path.strip()) is None:
-        raise ValueError(f"reward path {path!r} is not of the form 'module.sub:function'")
-    module_name, _, attr_path = path.strip().partition(":")
-    try:
-        target: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"reward {path!r}: cannot import module {module_name!r}: {exc}") from exc
-    for attr in attr_path.split("."):
-        if not hasattr(target, attr):
-            raise ValueError(f"reward {path!r}: {module_name!r} has no attribute {attr_path!r}")
-        target = getattr(target, attr)
+    target = load_object(path, "reward")
     if not callable(target):
         raise ValueError(f"reward {path!r} is a {type(target).__name__}, not a callable")
     _check_arity(target, path)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from core.inference.api import InferenceEngine, SamplingParams
+from core.plugins import load_object
 
 
 @dataclass
@@ -99,3 +100,11 @@ class Workflow(Protocol):
     async def run_episode(
         self, engine: InferenceEngine, sample: dict[str, Any]
     ) -> Trajectory | None: ...
+
+
+def workflow_class(path: str) -> Any:
+    """The workflow class named by ``path`` (``"module:Class"``), checked to have ``from_config``."""
+    cls = load_object(path, "workflow")
+    if not callable(getattr(cls, "from_config", None)):
+        raise ValueError(f"workflow {path!r} has no from_config(config, tokenizer) to build it")
+    return cls

@@ -9,7 +9,6 @@ so the same class runs in-process, as a Ray actor, or behind a process boundary.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import threading
 import time
@@ -23,7 +22,7 @@ from core.data.dataloader import ResumableDataLoader
 from core.evaluation import eval_settings, evaluate_workflow
 from core.inference.api import InferenceEngine, WeightSource
 from core.models import load_tokenizer
-from core.rollout.api import Group, Workflow, derive_seed
+from core.rollout.api import Group, Workflow, derive_seed, workflow_class
 from core.rollout.executor import RolloutExecutor
 
 logger = logging.getLogger(__name__)
@@ -32,14 +31,7 @@ T = TypeVar("T")
 
 def build_workflow(config: Config, tokenizer: Any) -> Workflow:
     """Instantiate ``rollout.workflow`` (an import path to a class with ``from_config``)."""
-    module_name, _, attr = config.rollout.workflow.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(
-            f"rollout.workflow={config.rollout.workflow!r} cannot be imported: {err}"
-        ) from None
-    return cls.from_config(config, tokenizer)
+    return workflow_class(config.rollout.workflow).from_config(config, tokenizer)
 
 
 def build_engine(config: Config, model_dir: str, version: int = 0) -> InferenceEngine:

@@ -240,3 +240,25 @@ def test_every_config_dataclass_uses_the_one_help_idiom() -> None:
         }
         assert "field" not in calls and "_f" not in calls and "_help" not in calls, module
         assert "documented" in calls, module
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algorithm.lr=nan", "algorithm.lr=nan must be a finite number"),
+        ("rollout.temperature=nan", "rollout.temperature=nan must be a finite number"),
+        ("algorithm.eps_clip=inf", "algorithm.eps_clip=inf must be a finite number"),
+        ("sft.lr=-1", "sft.lr must be > 0"),
+        ("rollout.max_failure_rate=-1", r"rollout.max_failure_rate must be in \[0, 1\]"),
+        ("rollout.tool_timeout_s=-1", "rollout.tool_timeout_s must be > 0"),
+        ("scheduler.torch_threads=0", "scheduler.torch_threads must be > 0"),
+        ("rollout.reward_fn=core.rewards.gsm8k:gsm8k_rewrd", "rollout.reward_fn: .*no attribute"),
+        ("rollout.reward_fn=no_such_module:f", "rollout.reward_fn: .*cannot import module"),
+        ("rollout.reward_fn=core.rewards.gsm8k", "rollout.reward_fn: .*module.sub:attribute"),
+        ("rollout.workflow=core.rollout.rlvr:RLVRWorkflo", "rollout.workflow: .*no attribute"),
+        ("rollout.workflow=core.rollout.api:derive_seed", "rollout.workflow: .*from_config"),
+    ],
+)
+def test_bad_values_and_plugins_fail_before_any_work(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(QUICKSTART, [override])
