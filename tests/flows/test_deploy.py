@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -60,10 +61,20 @@ def prefect_server(
         log.close()
 
 
-def _deployments(url: str) -> dict[str, dict]:
-    reply = httpx.post(f"{url}/deployments/filter", json={}, timeout=10)
+def _api(method: str, url: str, **kwargs: Any) -> httpx.Response:
+    """A Prefect API call as Prefect's own client makes it: 503 means "retry" (the server's
+    sqlite was busy, e.g. while the served deployments poll it on a loaded machine)."""
+    for attempt in range(8):
+        reply = httpx.request(method, url, timeout=10, **kwargs)
+        if reply.status_code != 503:
+            break
+        time.sleep(0.5 * 2**attempt)
     reply.raise_for_status()
-    return {d["name"]: d for d in reply.json()}
+    return reply
+
+
+def _deployments(url: str) -> dict[str, dict]:
+    return {d["name"]: d for d in _api("POST", f"{url}/deployments/filter", json={}).json()}
 
 
 def test_ui_trigger_runs_the_experiment_with_edited_parameters(
@@ -105,16 +116,15 @@ def test_ui_trigger_runs_the_experiment_with_edited_parameters(
             f"cluster.fileroot={tmp_path}",
             "experiment.trial=from-ui",
         ]
-        created = httpx.post(
+        created = _api(
+            "POST",
             f"{url}/deployments/{deployments['experiment']['id']}/create_flow_run",
             json={"parameters": {"config_path": QUICKSTART, "overrides": overrides}},
-            timeout=10,
         )
-        created.raise_for_status()
         run_id = created.json()["id"]
         deadline = time.monotonic() + 420
         while True:
-            state = httpx.get(f"{url}/flow_runs/{run_id}", timeout=10).json()["state"]
+            state = _api("GET", f"{url}/flow_runs/{run_id}").json()["state"]
             if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
                 break
             assert served.poll() is None, served.stderr.read().decode()[-3000:]
