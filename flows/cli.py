@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -101,6 +102,25 @@ def _prefect_start_failures() -> Iterator[None]:
         raise typer.Exit(code=1) from None
 
 
+def _stop_on_sigterm() -> None:
+    """Make SIGTERM (Prefect cancellation, Slurm, Kubernetes) unwind the job like Ctrl-C.
+
+    Every stage's cleanup then runs — rollout and learner processes, Ray, Prefect's temporary
+    API server (stopped at exit) — and the process exits 143. Inside a flow run Prefect turns
+    SIGTERM into its own exception first, marks the run crashed and re-sends the signal to the
+    handler it found: this one, instead of the default that would kill the process on the spot
+    and orphan the temporary server.
+    """
+
+    def stop(signum: int, frame: Any) -> None:
+        err_console.print(
+            "[bold red]terminated (SIGTERM):[/] stopping the run's workers and servers"
+        )
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def _stage_progress(progress: Progress) -> Callable[[str, int | None], Callable[[int], None]]:
     def start(name: str, total: int | None) -> Callable[[int], None]:
         task = progress.add_task(name, total=total)
@@ -123,6 +143,7 @@ def run(
     """Run an experiment end to end (as a Prefect flow tracked in MLflow) and print accuracy before/after."""
     cfg = stamp_trial(_load(config, overrides))
     _setup_logging(verbose)
+    _stop_on_sigterm()
     with _progress() as progress:
         if plain:
             from core.runtime.job import run_experiment
@@ -199,6 +220,7 @@ def ablate(
     with _config_errors_exit_2():
         ablation_variants(source, algorithms, seeds)  # every variant validates before any work
     _setup_logging(False)
+    _stop_on_sigterm()
     with _prefect_start_failures():
         result = ablation(source, algorithms, seeds)
     from tasks.comparison_report import render_markdown
@@ -230,6 +252,7 @@ def sweep(
         err_console.print(f"[bold red]search space error:[/] {err}")
         raise typer.Exit(code=2) from None
     _setup_logging(False)
+    _stop_on_sigterm()
     with _prefect_start_failures():
         result = sweep_flow(source, search_space, trials, storage)
     console.print(result)

@@ -1,0 +1,111 @@
+"""SIGTERM (what Prefect cancellation, Slurm and Kubernetes send) stops the whole job.
+
+`asyncrl run` is started as a user starts it; once it is in SFT (through the Prefect flow) or in
+RL (plain loop), its main process gets SIGTERM. It must exit non-zero with a message, and every
+process it started — Prefect's temporary API server, the rollout worker — must be gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = str(ROOT / "experiments" / "quickstart.yaml")
+SMALL = [
+    "data.n_train=200",
+    "data.n_test=16",
+    "eval.n_problems=16",
+    "eval.max_new_tokens=8",
+    "rollout.batch_size=4",
+    "algorithm.group_size=2",
+    "rollout.max_new_tokens=8",
+    "eval.every_n_steps=0",
+    "checkpoint.every_n_steps=0",
+]
+
+
+def _gone(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _command(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def _terminate_when(
+    overrides: list[str], tmp_path: Path, ready: str, wanted: str, options: tuple[str, ...] = ()
+) -> tuple[int, str, list[psutil.Process]]:
+    """Run the CLI until metrics.jsonl has a row with key ``ready`` and a process of its own runs
+    a command containing ``wanted``; SIGTERM its main process; return (exit code, stderr, the
+    processes it had started)."""
+    exe = Path(sys.executable).parent / "asyncrl"
+    env = {**os.environ, "COLUMNS": "200", "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen(
+        [str(exe), "run", *options, QUICKSTART, *SMALL, *overrides,
+         f"cluster.fileroot={tmp_path}", "experiment.trial=t"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    metrics = tmp_path / "quickstart" / "t" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert proc.poll() is None, f"run ended early: {proc.stderr.read()[-3000:]}"
+            assert time.monotonic() < deadline, "the run never reached the stage"
+            rows = metrics.read_text().splitlines() if metrics.exists() else []
+            children = psutil.Process(proc.pid).children(recursive=True)
+            started = any(wanted in _command(child) for child in children)
+            if started and any(ready in json.loads(row) for row in rows):
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+        return code, proc.stderr.read(), children
+    finally:
+        if proc.poll() is None:  # the test failed: leave nothing behind
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _assert_all_stopped(children: list[psutil.Process]) -> None:
+    deadline = time.monotonic() + 20
+    while not all(_gone(c) for c in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(_gone(c) for c in children), [c.cmdline()[:4] for c in children if not _gone(c)]
+
+
+def test_sigterm_during_sft_in_the_flow_stops_prefects_server(tmp_path: Path) -> None:
+    # Prefect's temporary API server (uvicorn) is the child that used to be orphaned.
+    code, stderr, children = _terminate_when(["sft.steps=2000"], tmp_path, "sft/loss", "uvicorn")
+    assert code == 143, stderr[-3000:]
+    assert "terminated (SIGTERM)" in stderr
+    _assert_all_stopped(children)
+
+
+def test_sigterm_during_rl_stops_the_rollout_worker(tmp_path: Path) -> None:
+    overrides = ["sft.enabled=false", "learner.total_steps=500"]
+    # the rollout worker is a spawned multiprocessing child
+    code, stderr, children = _terminate_when(
+        overrides, tmp_path, "reward/mean", "spawn_main", options=("--plain",)
+    )
+    assert code == 143, stderr[-3000:]
+    assert "terminated (SIGTERM)" in stderr
+    _assert_all_stopped(children)
