@@ -2,18 +2,63 @@
 
 Model folders must be local for ``from_pretrained``/``save_pretrained``; for a remote fileroot
 they are staged in a local cache folder and uploaded with :func:`upload_dir`.
+
+No call waits forever: object-store clients get connect and read timeouts (defaults for every
+s3 filesystem fsspec builds, DCP's included; explicit ``storage_options`` win), and the calls
+here retry transient errors a bounded number of times with a log line per retry. Environment:
+``ASYNCRL_STORAGE_CONNECT_TIMEOUT_S`` (10), ``ASYNCRL_STORAGE_READ_TIMEOUT_S`` (30),
+``ASYNCRL_STORAGE_ATTEMPTS`` (3). s3fs also retries a timed-out request itself (5 tries).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import fsspec
 from fsspec.core import url_to_fs
+from tenacity import (
+    before_sleep_log,
+    retry,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+logger = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = float(os.environ.get("ASYNCRL_STORAGE_CONNECT_TIMEOUT_S", "10"))
+READ_TIMEOUT_S = float(os.environ.get("ASYNCRL_STORAGE_READ_TIMEOUT_S", "30"))
+ATTEMPTS = int(os.environ.get("ASYNCRL_STORAGE_ATTEMPTS", "3"))
+
+# botocore's own retries off: s3fs already retries a request, a third layer would multiply waits.
+_s3_client = fsspec.config.conf.setdefault("s3", {}).setdefault("config_kwargs", {})
+_s3_client.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
+_s3_client.setdefault("read_timeout", READ_TIMEOUT_S)
+_s3_client.setdefault("retries", {"max_attempts": 1})
+
+# Errors that say something about the object, not the connection: retrying cannot help.
+_PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError,
+              NotADirectoryError)  # fmt: skip
+
+
+def _transient(error: BaseException) -> bool:
+    return isinstance(error, OSError) and not isinstance(error, _PERMANENT)
+
+
+storage_retry = retry(
+    retry=retry_if_exception(_transient),
+    stop=stop_after_attempt(max(1, ATTEMPTS)),
+    wait=wait_exponential(multiplier=0.5, max=8),
+    before_sleep=before_sleep_log(logger, logging.WARNING),
+    reraise=True,
+)
+"""Retry a storage call on transient errors (timeouts, dropped connections), logging each."""
 
 
 def is_local(url: str) -> bool:
@@ -33,6 +78,7 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *[p.strip("/") for p in parts]])
 
 
+@storage_retry
 def write_text(url: str, text: str) -> None:
     fs, path = url_to_fs(url)
     parent = path.rsplit("/", 1)[0]
@@ -42,6 +88,7 @@ def write_text(url: str, text: str) -> None:
         f.write(text)
 
 
+@storage_retry
 def read_text(url: str) -> str:
     with fsspec.open(url, "r") as f:
         return f.read()
@@ -59,11 +106,13 @@ def read_jsonl(url: str) -> list[dict]:
     return [json.loads(line) for line in read_text(url).splitlines() if line.strip()]
 
 
+@storage_retry
 def exists(url: str) -> bool:
     fs, path = url_to_fs(url)
     return fs.exists(path)
 
 
+@storage_retry
 def upload_dir(local: str | Path, url: str) -> None:
     """Copy a local folder's files to ``url`` (no-op when ``url`` is that folder)."""
     if is_local(url) and Path(local).resolve() == local_path(url).resolve():
@@ -75,6 +124,7 @@ def upload_dir(local: str | Path, url: str) -> None:
             fs.put_file(str(file), f"{path}/{file.relative_to(local).as_posix()}")
 
 
+@storage_retry
 def upload_file(local: str | Path, url: str) -> None:
     """Copy one local file to ``url`` (no-op when ``url`` is that file)."""
     if is_local(url) and Path(local).resolve() == local_path(url).resolve():
@@ -86,6 +136,16 @@ def upload_file(local: str | Path, url: str) -> None:
     fs.put_file(str(local), path)
 
 
+@storage_retry
+def download_file(url: str, local: str | Path) -> Path:
+    """Copy one file at ``url`` to the local path ``local``; returns it."""
+    fs, path = url_to_fs(url)
+    Path(local).parent.mkdir(parents=True, exist_ok=True)
+    fs.get_file(path, str(local))
+    return Path(local)
+
+
+@storage_retry
 def download_dir(url: str, local: str | Path | None = None) -> Path:
     """Copy the files under ``url`` into ``local`` (default :func:`local_path`); returns the folder.
 

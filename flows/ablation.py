@@ -7,7 +7,6 @@ import time
 from typing import Any
 
 import mlflow
-from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from core.config import Config, ConfigSource
@@ -15,6 +14,7 @@ from core.storage import join, local_path, upload_dir, write_json
 from flows.experiment import experiment
 from tasks.comparison_report import collect_runs, comparison_table, plot_curves, render_markdown
 from tasks.mlflow_tracking import start_run, tracking_uri
+from tasks.redacted_flow import redacted_flow
 
 DEFAULT_ALGORITHMS = ("grpo", "ppo", "dapo")
 
@@ -41,7 +41,7 @@ def ablation_variants(
     ]
 
 
-@flow(name="ablation", validate_parameters=False)
+@redacted_flow(name="ablation", validate_parameters=False)
 def ablation(
     source: ConfigSource, algorithms: list[str] | None = None, seeds: int = 1
 ) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from core.config import (
     stamp_trial,
     to_yaml,
 )
+from core.redaction import redact_value
 from tasks import PREFECT_STARTUP_TIMEOUT_VAR
 
 app = typer.Typer(
@@ -102,6 +103,18 @@ def _prefect_start_failures() -> Iterator[None]:
         raise typer.Exit(code=1) from None
 
 
+@contextmanager
+def _run_folder_busy() -> Iterator[None]:
+    """Another job holds the run folder: say so, without a traceback."""
+    from core.runtime.run_lock import RunLockedError
+
+    try:
+        yield
+    except RunLockedError as err:
+        err_console.print(f"[bold red]error:[/] {err}")
+        raise typer.Exit(code=1) from None
+
+
 def _stop_on_sigterm() -> None:
     """Make SIGTERM (Prefect cancellation, Slurm, Kubernetes) unwind the job like Ctrl-C.
 
@@ -141,10 +154,12 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Run an experiment end to end (as a Prefect flow tracked in MLflow) and print accuracy before/after."""
-    cfg = stamp_trial(_load(config, overrides))
+    cfg = _load(config, overrides)
     _setup_logging(verbose)
+    with _config_errors_exit_2():  # recover=auto may pick the run folder to resume
+        stamp_trial(cfg)
     _stop_on_sigterm()
-    with _progress() as progress:
+    with _progress() as progress, _run_folder_busy():
         if plain:
             from core.runtime.job import run_experiment
 
@@ -272,6 +287,14 @@ def deploy(
 ) -> None:
     """Register the `experiment` and `nightly-ablation` deployments and serve them (needs PREFECT_API_URL)."""
     _load(Path(config), overrides)
+    secret = [o for o in overrides or [] if redact_value(o) != o]
+    if secret:  # they would be stored in Prefect's database as the deployments' defaults
+        err_console.print(
+            f"[bold red]error:[/] override(s) {[redact_value(o) for o in secret]} hold a secret, "
+            "which Prefect would store with the deployments. Put it in the environment of this "
+            "process and write key=${oc.env:NAME} instead."
+        )
+        raise typer.Exit(code=2)
     _setup_logging(False)
     from flows.deploy import serve_deployments
 

@@ -9,15 +9,31 @@ parameters) starts a flow run here.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from prefect import flow, serve
+from prefect import serve
 
 from core.config import ConfigError, parse_config
+from core.redaction import redact_value
 from flows.ablation import DEFAULT_ALGORITHMS, ablation, ablation_variants
 from flows.experiment import experiment
+from tasks.redacted_flow import redacted_flow
+
+logger = logging.getLogger(__name__)
+
+
+def _warn_on_secrets(overrides: list[str]) -> None:
+    """Prefect stored these parameters as the run form sent them: say so if one held a secret."""
+    for override in overrides:
+        if redact_value(override) != override:
+            logger.warning(
+                "override %s holds a secret, which Prefect has stored with this flow run's "
+                "parameters; put it in the worker's environment as key=${oc.env:NAME} instead",
+                redact_value(override),
+            )
 
 
 @contextmanager
@@ -29,17 +45,18 @@ def _invalid_config_for_the_ui() -> Iterator[None]:
         raise ValueError(f"invalid config: {err}") from None
 
 
-@flow(name="experiment-from-yaml")
+@redacted_flow(name="experiment-from-yaml")
 def experiment_from_yaml(
     config_path: str = "experiments/quickstart.yaml", overrides: list[str] | None = None
 ) -> dict[str, Any]:
     """One experiment from a config file and dotted ``key=value`` overrides."""
+    _warn_on_secrets(list(overrides or []))
     with _invalid_config_for_the_ui():
         config = parse_config(config_path, list(overrides or [])).resolve()
     return experiment.fn(config)  # the experiment's body, in this flow run (no subflow)
 
 
-@flow(name="ablation-from-yaml")
+@redacted_flow(name="ablation-from-yaml")
 def ablation_from_yaml(
     config_path: str = "experiments/quickstart.yaml",
     overrides: list[str] | None = None,
@@ -48,6 +65,7 @@ def ablation_from_yaml(
 ) -> dict[str, Any]:
     """Algorithms × seeds of a config file and overrides, compared in MLflow."""
     algorithms = list(algorithms or DEFAULT_ALGORITHMS)
+    _warn_on_secrets(list(overrides or []))
     with _invalid_config_for_the_ui():
         source = parse_config(config_path, list(overrides or []))
         ablation_variants(source, algorithms, seeds)  # every variant validates before any work

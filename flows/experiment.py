@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from core.config import Config, stamp_trial
 from core.runtime.job import Pipeline, StageProgress
+from core.runtime.run_lock import lock_run
 from core.runtime.trainer import EvalCallback
 from tasks.mlflow_tracking import MLflowSink, log_summary, start_run, tracking_uri
+from tasks.redacted_flow import redacted_flow
 from tasks.stages import prefect_stage
 
 
@@ -55,7 +56,7 @@ def summary_markdown(summary: dict[str, Any], run_id: str) -> str:
 
 
 # Parameters are live objects (a Config, callbacks): Prefect records them, and needs no validation.
-@flow(name="experiment", validate_parameters=False)
+@redacted_flow(name="experiment", validate_parameters=False)
 def experiment(
     config: Config,
     parent_run_id: str | None = None,
@@ -70,7 +71,8 @@ def experiment(
     """
     stamp_trial(config)
     name = run_name or f"{config.algorithm.name}-{config.experiment.trial}"
-    with start_run(config, run_name=name, parent_run_id=parent_run_id) as run:
+    # The run folder's lock first: a job on a busy folder fails before it opens an MLflow run.
+    with lock_run(config), start_run(config, run_name=name, parent_run_id=parent_run_id) as run:
         run_id = run.info.run_id
         ids = {
             "mlflow_run_id": run_id,
@@ -78,7 +80,12 @@ def experiment(
             "prefect_flow_run_id": str(flow_run.id or ""),
         }
         pipeline = Pipeline(
-            config, prefect_stage, [MLflowSink(run_id)], progress=progress, on_eval=on_eval
+            config,
+            prefect_stage,
+            [MLflowSink(run_id)],
+            progress=progress,
+            on_eval=on_eval,
+            lock=False,
         )
         summary = pipeline.run(extra=ids)
         log_summary(run_id, summary)

@@ -24,13 +24,13 @@ from typing import Any
 import mlflow
 import optuna
 from omegaconf import OmegaConf
-from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from core.config import ConfigError, ConfigSource
 from core.storage import is_local, join, local_path, write_json
 from flows.experiment import experiment
 from tasks.mlflow_tracking import start_run
+from tasks.redacted_flow import redacted_flow
 
 OBJECTIVES = ("accuracy", "accuracy_per_second")
 KINDS = ("categorical", "float", "int")
@@ -100,7 +100,7 @@ def default_storage(fileroot: str, experiment_name: str) -> str:
     return f"sqlite:///{root.resolve() / 'optuna.db'}"
 
 
-@flow(name="sweep", validate_parameters=False)
+@redacted_flow(name="sweep", validate_parameters=False)
 def sweep(
     source: ConfigSource,
     space: SearchSpace,

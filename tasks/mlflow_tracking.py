@@ -39,14 +39,13 @@ from typing import Any
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
-from omegaconf import OmegaConf
 
-from core.config import Config, flatten, to_dict
+from core.config import Config, flatten, to_yaml
+from core.redaction import redact, redact_value
 from core.storage import is_local
 
 logger = logging.getLogger(__name__)
 
-REDACTED = "***"
 MAX_PARAM_CHARS = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
 MAX_TAG_CHARS = 8000  # MAX_TAG_VAL_LENGTH
 MAX_KEY_CHARS = 250  # MAX_ENTITY_KEY_LENGTH
@@ -54,63 +53,6 @@ BATCH_PARAMS = 100  # MAX_PARAMS_TAGS_PER_BATCH
 BATCH_METRICS = 1000  # MAX_METRICS_PER_BATCH
 MAX_MODEL_ARTIFACT_BYTES = 50 * 2**20
 _REPO_ROOT = Path(__file__).resolve().parent.parent
-
-# ------------------------------------------------------------------------------------------
-# Secrets: anything that may reach params, tags or artifacts goes through `redact_*` first.
-# ------------------------------------------------------------------------------------------
-
-# Whole words of a key (split on non-alphanumerics and camelCase): `aws_secret_access_key`,
-# `api_key`, `hf_token`, `dbPassword`. Whole words so `max_new_tokens`/`tokenizer_path` pass.
-_SECRET_WORDS = {
-    "secret", "secrets", "password", "passwords", "passwd", "pwd", "passphrase", "token",
-    "apikey", "key", "keys", "credential", "credentials", "auth", "authorization", "cookie",
-}  # fmt: skip
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@]*):(?P<pw>[^\s@/]+)@")
-_QUERY_SECRET = re.compile(
-    r"(?i)(?P<head>\b(?:password|passwd|secret|token|api_key|apikey|access_key|sig|signature)=)"
-    r"[^&\s]+"
-)
-# Well-known credential shapes that may appear bare in a value.
-_CREDENTIAL_VALUE = re.compile(
-    r"\b(?:(?:AKIA|ASIA)[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
-    r"|hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_\-]{20,}|xox[abpr]-[A-Za-z0-9\-]{10,})\b"
-    r"|(?i:bearer\s+)[A-Za-z0-9._\-]{8,}"
-)
-
-
-def is_secret_key(key: str) -> bool:
-    """True when a word of ``key`` names a credential (``aws_secret_access_key``, ``apiKey``)."""
-    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", key)
-    return any(word in _SECRET_WORDS for word in re.split(r"[^A-Za-z0-9]+", spaced.lower()))
-
-
-def redact_value(value: str) -> str:
-    """Mask passwords in URLs (``s3://u:***@host``), ``token=...`` queries and bare credentials."""
-    value = _URL_PASSWORD.sub(lambda m: f"{m['head']}:{REDACTED}@", value)
-    value = _QUERY_SECRET.sub(lambda m: f"{m['head']}{REDACTED}", value)
-    return _CREDENTIAL_VALUE.sub(REDACTED, value)
-
-
-def redact(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a (nested) mapping with secret keys' values masked and string values cleaned.
-
-    Secret keys are kept with a masked value (so one can see that it was set, never what it is);
-    empty values stay empty.
-    """
-
-    def clean(key: str, value: Any) -> Any:
-        if isinstance(value, Mapping):
-            return {k: clean(str(k), v) for k, v in value.items()}
-        if is_secret_key(key) and value not in (None, "", [], {}):
-            return REDACTED
-        if isinstance(value, str):
-            return redact_value(value)
-        if isinstance(value, list | tuple):
-            return [clean(key, v) for v in value]
-        return value
-
-    return {str(k): clean(str(k), v) for k, v in data.items()}
-
 
 # ------------------------------------------------------------------------------------------
 # Where the store and the artifacts live
@@ -268,7 +210,7 @@ def start_run(
                           tags=run_tags(config, tags)) as run:  # fmt: skip
         run_id = run.info.run_id
         log_params(client, run_id, {**flatten(config), **(params or {})})
-        config_yaml = OmegaConf.to_yaml(OmegaConf.create(redact(to_dict(config))))
+        config_yaml = to_yaml(config, redacted=True)
         client.log_text(run_id, config_yaml, "config.yaml")
         logger.info(
             "MLflow run %s (%s) in %s", run_id, run_name or run.info.run_name, redact_value(uri)

@@ -11,10 +11,13 @@ the preset field by field.
 """
 
 from core.config.export import (
+    RUN_NEUTRAL,
+    config_changes,
     config_hash,
     docs_markdown,
     field_docs,
     flatten,
+    run_params,
     to_dict,
     to_yaml,
 )
@@ -63,10 +66,13 @@ __all__ = [
     "SFTConfig",
     "SchedulerConfig",
     "TrackingConfig",
+    "RUN_NEUTRAL",
+    "config_changes",
     "config_hash",
     "docs_markdown",
     "field_docs",
     "flatten",
+    "run_params",
     "load_config",
     "parse_config",
     "select",

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from core.config.loading import type_name
 from core.config.sections import Config
+from core.redaction import redact
 
 
 def to_dict(config: Config) -> dict[str, Any]:
@@ -19,7 +20,10 @@ def to_dict(config: Config) -> dict[str, Any]:
     return typing.cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(config)))
 
 
-def to_yaml(config: Config) -> str:
+def to_yaml(config: Config, *, redacted: bool = False) -> str:
+    """The config as YAML; ``redacted`` masks secrets (:mod:`core.redaction`) for writing it down."""
+    if redacted:
+        return OmegaConf.to_yaml(OmegaConf.create(redact(to_dict(config))))
     return OmegaConf.to_yaml(OmegaConf.structured(config))
 
 
@@ -38,13 +42,52 @@ def flatten(config: Config) -> dict[str, Any]:
     return flat
 
 
+# Fields that name, place, schedule or observe a run without changing what it computes: the
+# run's identity (its hash, the resume check) ignores them, so ``recover=auto`` or a moved
+# fileroot does not make a resumed run look different.
+RUN_NEUTRAL = (
+    "experiment.trial",
+    "experiment.description",
+    "cluster.fileroot",
+    "cluster.ray_address",
+    "checkpoint.url",
+    "checkpoint.every_n_steps",
+    "checkpoint.keep_last",
+    "checkpoint.recover",
+    "tracking",
+)
+
+
+def run_params(config: Config) -> dict[str, Any]:
+    """``flatten(config)`` without the :data:`RUN_NEUTRAL` fields: what defines the run."""
+    return {
+        key: value
+        for key, value in flatten(config).items()
+        if not any(key == n or key.startswith(f"{n}.") for n in RUN_NEUTRAL)
+    }
+
+
 def config_hash(config: Config, sections: tuple[str, ...] | None = None) -> str:
-    """A stable short hash of the whole config, or of some sections (e.g. ``("data",)`` for caching)."""
-    data = to_dict(config)
-    if sections is not None:
-        data = {key: data[key] for key in sections}
+    """A stable short hash of the run (:func:`run_params`), or of some whole sections
+    (e.g. ``("data",)`` for caching)."""
+    if sections is None:
+        data: dict[str, Any] = run_params(config)
+    else:
+        full = to_dict(config)
+        data = {key: full[key] for key in sections}
     blob = json.dumps(data, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def config_changes(before: dict[str, Any], config: Config) -> list[str]:
+    """``["algorithm.lr: 0.001 -> 0.002", ...]``: run parameters that differ from ``before``
+    (a :func:`run_params` dict saved earlier, e.g. in a checkpoint)."""
+    now = run_params(config)
+    return [
+        f"{key}: {before.get(key, '<absent>')!r} -> {now.get(key, '<absent>')!r}"
+        for key in sorted(set(before) | set(now))
+        if before.get(key) != now.get(key)
+    ]
 
 
 def field_docs(schema: type = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import math
+import re
 import time
 import typing
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fsspec.core import url_to_fs
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -29,6 +32,8 @@ from core.algorithms.config import PRESETS
 from core.config.sections import Config, ConfigError
 from core.rewards.registry import resolve_reward
 from core.rollout.api import workflow_class
+
+logger = logging.getLogger(__name__)
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "scheduler.type": ("local", "ray"),
@@ -144,13 +149,14 @@ POSITIVE = (
     "rollout.tool_timeout_s", "learner.n_ranks", "learner.micro_batch_tokens",
     "eval.max_concurrent", "eval.max_new_tokens", "sft.batch_size", "sft.lr", "model.vocab_size",
     "cluster.n_nodes", "scheduler.torch_threads", "scheduler.learner_cpus",
-    "scheduler.rollout_cpus", "checkpoint.keep_last",
+    "scheduler.rollout_cpus", "checkpoint.keep_last", "cluster.lock_stale_s",
+    "rollout.stall_warn_s", "rollout.stall_timeout_s",
 )  # fmt: skip
 NON_NEGATIVE = (
     "rollout.max_staleness", "rollout.top_k", "rollout.tool_latency_s", "learner.total_steps",
     "sft.steps", "sft.warmup_steps", "sft.weight_decay", "sft.max_grad_norm",
     "eval.every_n_steps", "eval.n_samples", "eval.n_problems", "checkpoint.every_n_steps",
-    "data.n_train", "data.n_test", "cluster.n_gpus_per_node",
+    "data.n_train", "data.n_test", "cluster.n_gpus_per_node", "rollout.max_filtered_in_a_row",
 )  # fmt: skip
 FRACTIONS = ("sft.min_lr_ratio", "rollout.max_failure_rate")  # in [0, 1]
 
@@ -208,11 +214,53 @@ def validate(config: Config) -> None:
         )
 
 
+_STAMP = "%Y%m%d-%H%M%S"
+_STAMPED = re.compile(r"^\d{8}-\d{6}$")
+
+
 def stamp_trial(config: Config) -> Config:
-    """Give a run without ``experiment.trial`` a timestamp trial (its run folder's name)."""
-    if not config.experiment.trial:
-        config.experiment.trial = time.strftime("%Y%m%d-%H%M%S")
+    """Name the run folder of a run without ``experiment.trial``.
+
+    A fresh run gets a timestamp. With ``checkpoint.recover=auto`` the run resumes the
+    experiment's latest run instead: the only run folder under ``{fileroot}/{name}``, or the
+    newest timestamped one when all are timestamped. Named trials beside others are ambiguous
+    and raise :class:`ConfigError` listing them; with no run folder at all the run starts fresh.
+    """
+    if config.experiment.trial:
+        return config
+    if config.checkpoint.recover == "auto":
+        latest = latest_trial(config)
+        if latest is not None:
+            logger.info(
+                "recover=auto without experiment.trial: resuming the latest run, %s", latest
+            )
+            config.experiment.trial = latest
+            return config
+    config.experiment.trial = time.strftime(_STAMP)
     return config
+
+
+def latest_trial(config: Config) -> str | None:
+    """The trial ``recover=auto`` resumes when none is given (see :func:`stamp_trial`)."""
+    root = f"{config.cluster.fileroot.rstrip('/')}/{config.experiment.name}"
+    fs, path = url_to_fs(root)
+    if not fs.exists(path):
+        return None
+    trials = sorted(
+        entry.rstrip("/").rsplit("/", 1)[-1]
+        for entry in fs.ls(path, detail=False)
+        if fs.exists(f"{entry.rstrip('/')}/config.yaml")  # a run folder, not a cache
+    )
+    if len(trials) <= 1:
+        return trials[0] if trials else None
+    named = [t for t in trials if not _STAMPED.match(t)]
+    if named:
+        raise ConfigError(
+            f"checkpoint.recover=auto without experiment.trial is ambiguous: {root} holds "
+            f"{len(trials)} runs, named ones among them ({', '.join(named)}); "
+            f"set experiment.trial to one of: {', '.join(trials)}"
+        )
+    return trials[-1]
 
 
 def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:

@@ -25,7 +25,10 @@ class ExperimentConfig:
         "quickstart", "Experiment name; groups runs in the output folder and in MLflow."
     )
     trial: str = documented(
-        "", "Trial name inside the experiment; empty = a timestamp chosen at start."
+        "",
+        "Trial name inside the experiment (the run folder); empty = a timestamp chosen at start, "
+        "or with checkpoint.recover=auto the experiment's latest run (the only one, or the newest "
+        "timestamped one; an error if named trials make it ambiguous).",
     )
     seed: int = documented(
         1, "Seed for data generation, model initialisation, sampling and shuffling."
@@ -45,6 +48,12 @@ class ClusterConfig:
     n_gpus_per_node: int = documented(0, "GPUs per node; 0 runs everything on CPU.")
     ray_address: str = documented(
         "", "Address of an existing Ray cluster to join; empty starts a local one."
+    )
+    lock_stale_s: float = documented(
+        120.0,
+        "A run folder is locked while its job runs (LOCK file with owner and heartbeat); another "
+        "job takes a lock over when its owner on this host has exited, or after this many seconds "
+        "without a heartbeat from another host.",
     )
 
 
@@ -155,6 +164,20 @@ class RolloutConfig:
     max_failure_rate: float = documented(
         0.2, "Stop the run when more than this share of episodes fail."
     )
+    max_filtered_in_a_row: int = documented(
+        256,
+        "Stop the run when the group filter (DAPO's dynamic sampling) refuses this many groups "
+        "in a row (a warning every rollout.batch_size of them); 0 = never stop.",
+    )
+    stall_warn_s: float = documented(
+        60.0,
+        "While the learner waits this long for a batch, log what the rollout is waiting for "
+        "(ready and running groups, versions, filter and failure counts), and again after each "
+        "further period.",
+    )
+    stall_timeout_s: float = documented(
+        3600.0, "Stop the run when no batch is ready after this many seconds of waiting."
+    )
     max_turns: int = documented(4, "Tool-agent workflow: most model turns per episode.")
     tool_latency_s: float = documented(
         0.0, "Tool-agent workflow: simulated latency per tool call (models remote tools/APIs)."
@@ -215,7 +238,9 @@ class CheckpointConfig:
     every_n_steps: int = documented(20, "Checkpoint every N RL steps (0 = only at the end).")
     keep_last: int = documented(2, "Committed checkpoints to keep.")
     recover: str = documented(
-        "off", "'off' or 'auto' (resume from the latest committed checkpoint)."
+        "off",
+        "'off' or 'auto': resume from the newest valid committed checkpoint (a torn or corrupt "
+        "one is skipped with a warning); without experiment.trial, of the latest run.",
     )
 
 

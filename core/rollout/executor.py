@@ -50,6 +50,8 @@ class RolloutCounters:
     accepted: int = 0  # groups complete and kept (consumed ones included), minus stale drops
     consumed: int = 0  # groups handed to the learner
     rejected: int = 0  # groups with a rejected episode or refused by the group filter
+    filtered: int = 0  # of those, refused by the group filter (DAPO's dynamic sampling)
+    filtered_in_a_row: int = 0  # groups refused by the filter since the last accepted one
     failed: int = 0  # groups whose workflow raised
     dropped_stale: int = 0  # groups older than η when the batch was cut
     episodes_failed: int = 0
@@ -77,6 +79,7 @@ class RolloutExecutor:
         max_failure_rate: float = 0.2,
         min_episodes_for_failure_rate: int = 16,
         group_filter: GroupFilter | None = None,
+        max_filtered_in_a_row: int = 256,
     ) -> None:
         if batch_size <= 0 or group_size <= 0:
             raise ValueError("rollout.batch_size and algorithm.group_size must be > 0")
@@ -92,6 +95,7 @@ class RolloutExecutor:
         self.max_failure_rate = max_failure_rate
         self.min_episodes_for_failure_rate = min_episodes_for_failure_rate
         self.group_filter = group_filter
+        self.max_filtered_in_a_row = max_filtered_in_a_row
         self.counters = RolloutCounters()
         self.version = 0  # the learner's version, as last published
         self._ready: list[Group] = []
@@ -167,9 +171,17 @@ class RolloutExecutor:
         return in_flight + [group.sample for group in self._ready]
 
     # ---------------------------------------------------------------- batches
-    async def prepare_batch(self, timeout_s: float | None = None) -> list[Group]:
-        """Wait for ``batch_size`` complete groups within the staleness bound, oldest first."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    async def prepare_batch(
+        self, timeout_s: float | None = None, warn_every_s: float | None = None
+    ) -> list[Group]:
+        """Wait for ``batch_size`` complete groups within the staleness bound, oldest first.
+
+        While it waits, a log line every ``warn_every_s`` says what for (:meth:`waiting_for`);
+        after ``timeout_s`` it raises :class:`TimeoutError` with the same.
+        """
+        started = time.monotonic()
+        deadline = None if timeout_s is None else started + timeout_s
+        next_warning = None if warn_every_s is None else started + warn_every_s
         while True:
             self._raise_if_failed()
             self._drop_stale()
@@ -184,10 +196,29 @@ class RolloutExecutor:
                 raise RuntimeError(
                     "RolloutExecutor.start(next_sample) must be called before prepare_batch"
                 )
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise TimeoutError(f"no full batch within {timeout_s} s: {self.counters.as_dict()}")
-            await self._wait_for_change(remaining)
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise TimeoutError(
+                    f"no full batch within {timeout_s:.0f} s (rollout.stall_timeout_s): "
+                    f"{self.waiting_for()}"
+                )
+            if next_warning is not None and warn_every_s is not None and now >= next_warning:
+                logger.warning("no batch for %.0f s: %s", now - started, self.waiting_for())
+                next_warning = now + warn_every_s
+            wake = min((t for t in (deadline, next_warning) if t is not None), default=None)
+            await self._wait_for_change(None if wake is None else max(0.0, wake - now))
+
+    def waiting_for(self) -> str:
+        """What a waiting ``prepare_batch`` waits for, in one line (for stall logs and errors)."""
+        c = self.counters
+        return (
+            f"{len(self._ready)}/{self.batch_size} groups ready, {c.running} running "
+            f"(capacity {self.capacity()}, paused={self._paused}), learner version "
+            f"{self.version}, engine version {self.engine.version}, η={self.max_staleness}; "
+            f"so far {c.submitted} submitted, {c.accepted} accepted, {c.rejected} rejected "
+            f"({c.filtered} by the group filter, {c.filtered_in_a_row} in a row), "
+            f"{c.failed} failed, {c.dropped_stale} dropped as stale"
+        )
 
     def _drop_stale(self) -> None:
         fresh = [g for g in self._ready if self.version - g.oldest_version <= self.max_staleness]
@@ -247,11 +278,35 @@ class RolloutExecutor:
                     sample_id=sample_id, group_index=i, group_seconds=time.monotonic() - started
                 )
             if self.group_filter is not None and not self.group_filter(group):
-                self.counters.rejected += 1
+                self._filtered(group)
             else:
                 self.counters.accepted += 1
+                self.counters.filtered_in_a_row = 0
                 self._ready.append(group)
         self._poke()
+
+    def _filtered(self, group: Group) -> None:
+        """A group the filter refused: warn when it keeps happening, stop after the limit."""
+        c = self.counters
+        c.rejected += 1
+        c.filtered += 1
+        c.filtered_in_a_row += 1
+        if c.filtered_in_a_row % self.batch_size == 0:
+            logger.warning(
+                "the group filter refused the last %d groups in a row (%d of %d so far; "
+                "last rewards %s): dynamic sampling finds no group with differing rewards",
+                c.filtered_in_a_row,
+                c.filtered,
+                c.submitted,
+                group.rewards,
+            )
+        if self.max_filtered_in_a_row and c.filtered_in_a_row >= self.max_filtered_in_a_row:
+            self._error = RolloutError(
+                f"the group filter refused {c.filtered_in_a_row} groups in a row "
+                f"(rollout.max_filtered_in_a_row={self.max_filtered_in_a_row}): every group's "
+                f"rewards were equal (last: {group.rewards}); check the reward function, or turn "
+                "dynamic sampling off (algorithm.dynamic_sampling=false)"
+            )
 
     def _check_failure_rate(self, error: BaseException) -> None:
         if self._episodes_done < self.min_episodes_for_failure_rate:

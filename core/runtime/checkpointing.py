@@ -8,7 +8,7 @@ Layout of one checkpoint::
     {url}/step-000020/recover.json      version, data position, executor counters, RNG, config hash
     {url}/step-000020/COMMITTED         written last: a checkpoint without it is torn and ignored
 
-Storage calls are retried with exponential backoff (object stores fail transiently).
+Storage calls time out and are retried with backoff (``core.storage.storage_retry``).
 """
 
 from __future__ import annotations
@@ -19,20 +19,15 @@ import re
 from typing import Any
 
 from fsspec.core import url_to_fs
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from core.storage import join
+from core.storage import join, storage_retry
+from core.training import checkpoint_problems, hf_folder_problems
 
 logger = logging.getLogger(__name__)
 
 MARKER = "COMMITTED"
+RECOVER_KEYS = ("version", "rollout", "rng", "config_hash")
 _STEP = re.compile(r"step-(\d+)$")
-_retry = retry(
-    retry=retry_if_exception_type(OSError),
-    stop=stop_after_attempt(5),
-    wait=wait_exponential(multiplier=0.5, max=8),
-    reraise=True,
-)
 
 
 class CheckpointManager:
@@ -48,7 +43,7 @@ class CheckpointManager:
     def path(self, step: int) -> str:
         return join(self.url, f"step-{step:06d}")
 
-    @_retry
+    @storage_retry
     def committed_steps(self) -> list[int]:
         """Steps whose checkpoint has its commit marker, oldest first."""
         if not self.fs.exists(self.root):
@@ -65,7 +60,15 @@ class CheckpointManager:
         steps = self.committed_steps()
         return steps[-1] if steps else None
 
-    @_retry
+    @storage_retry
+    def begin(self, step: int) -> None:
+        """Before writing ``step``: a checkpoint already there (a skipped corrupt one, or from
+        a run restarted without recover) stops looking committed until the new one commits."""
+        _, base = url_to_fs(self.path(step))
+        if self.fs.exists(f"{base}/{MARKER}"):
+            self.fs.rm(f"{base}/{MARKER}")
+
+    @storage_retry
     def commit(self, step: int, recover: dict[str, Any]) -> None:
         """Write ``recover.json`` then the marker (last), then drop checkpoints beyond ``keep_last``."""
         _, base = url_to_fs(self.path(step))
@@ -77,11 +80,31 @@ class CheckpointManager:
         logger.info("committed checkpoint %s", self.path(step))
         self._prune()
 
-    @_retry
+    @storage_retry  # OSError only: a recover.json that is not JSON is corrupt, not transient
     def load_recover(self, step: int) -> dict[str, Any]:
         _, base = url_to_fs(self.path(step))
         with self.fs.open(f"{base}/recover.json", "r") as f:
             return json.loads(f.read())
+
+    def problems(self, step: int) -> list[str]:
+        """Why the committed checkpoint at ``step`` cannot be resumed from ([] = it can):
+        recover.json unreadable or incomplete, a learner state or the HF export corrupt."""
+        try:
+            recover = self.load_recover(step)
+        except (OSError, ValueError) as err:
+            return [f"{self.path(step)}/recover.json unreadable: {err}"]
+        missing = [key for key in RECOVER_KEYS if key not in recover]
+        if missing:
+            return [f"{self.path(step)}/recover.json lacks {missing}"]
+        _, learner = url_to_fs(join(self.path(step), "learner"))
+        roles = self.fs.ls(learner, detail=False) if self.fs.isdir(learner) else []
+        if not roles:
+            return [f"{self.path(step)}/learner holds no learner state"]
+        problems = []
+        for role in sorted(roles):
+            name = role.rstrip("/").rsplit("/", 1)[-1]
+            problems += checkpoint_problems(join(self.path(step), "learner", name))
+        return problems + hf_folder_problems(join(self.path(step), "hf"))
 
     def _prune(self) -> None:
         steps = self.committed_steps()

@@ -21,7 +21,9 @@ import torch
 
 from core.config import Config, config_hash, stamp_trial, to_yaml
 from core.evaluation import EvalResult
+from core.redaction import redact
 from core.runtime.metrics import FanOut, JsonlSink, MemorySink, MetricSink
+from core.runtime.run_lock import lock_run
 from core.runtime.sft import sft_warm_start
 from core.runtime.stages import (
     PreparedData,
@@ -60,6 +62,7 @@ class Pipeline:
     sinks: Sequence[MetricSink] = ()  # extra metric sinks (MLflow's in the flow)
     progress: StageProgress | None = None
     on_eval: EvalCallback | None = None  # (version, accuracy) after each held-out eval
+    lock: bool = True  # hold the run folder's lock during run() (False: the caller holds it)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
 
     def __post_init__(self) -> None:
@@ -69,11 +72,20 @@ class Pipeline:
         self.sink = FanOut([self.memory, JsonlSink(path), *self.sinks])
 
     def run(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Every stage; returns the summary (with ``extra`` added) also written to summary.json."""
+        """Every stage; returns the summary (with ``extra`` added) also written to summary.json.
+
+        The run folder is locked for the whole run: a second job on it fails at once.
+        """
+        if not self.lock:
+            return self._run(extra)
+        with lock_run(self.config):
+            return self._run(extra)
+
+    def _run(self, extra: Mapping[str, Any] | None) -> dict[str, Any]:
         cfg = self.config
         torch.set_num_threads(max(1, cfg.scheduler.torch_threads))
         started = time.perf_counter()
-        write_text(join(cfg.run_dir, "config.yaml"), to_yaml(cfg))
+        write_text(join(cfg.run_dir, "config.yaml"), to_yaml(cfg, redacted=True))
         data, model_dir = self.warm_start()
         rl = evaluation = None
         if cfg.learner.total_steps > 0:
@@ -137,7 +149,7 @@ def report(
     for name in ("metrics.jsonl", "batches.jsonl"):  # written locally as they grow
         if local_path(join(config.run_dir, name)).exists():
             upload_file(local_path(join(config.run_dir, name)), join(config.run_dir, name))
-    write_json(join(config.run_dir, "summary.json"), summary)
+    write_json(join(config.run_dir, "summary.json"), redact(summary))
     logger.info("summary written to %s", join(config.run_dir, "summary.json"))
     return summary
 

@@ -98,6 +98,7 @@ class RolloutWorker:
             self.engine, self.workflow, batch_size=c.rollout.batch_size, group_size=c.algorithm.group_size,
             max_staleness=c.rollout.max_staleness, max_concurrent=c.rollout.max_concurrent,
             max_failure_rate=c.rollout.max_failure_rate, group_filter=group_filter,
+            max_filtered_in_a_row=c.rollout.max_filtered_in_a_row,
         )  # fmt: skip
 
     def _next_sample(self) -> dict[str, Any]:
@@ -114,7 +115,7 @@ class RolloutWorker:
     # ------------------------------------------------------------------ driver API
     def prepare_batch(self, timeout_s: float | None = None) -> list[Group]:
         """Block until a batch of groups within the staleness bound is ready; take it."""
-        return self._run(self.executor.prepare_batch(timeout_s))
+        return self._run(self.executor.prepare_batch(timeout_s, self.config.rollout.stall_warn_s))
 
     def update_weights(self, path: str, version: int) -> float:
         """Pause submission → pause engine (in-flight requests abort) → load → resume. Seconds taken."""

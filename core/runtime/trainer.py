@@ -28,14 +28,22 @@ import numpy as np
 import torch
 
 from core.algorithms import kl_penalty, masked_mean
-from core.config import Config, config_hash
+from core.config import Config, config_changes, config_hash, run_params
 from core.models import load_tokenizer
 from core.rollout.api import Group
 from core.runtime.advantages import with_advantages
 from core.runtime.checkpointing import CheckpointManager
 from core.runtime.metrics import MetricSink
 from core.runtime.placement import LearnerGroup, start_learners, start_rollout
-from core.storage import download_dir, join, local_path, upload_dir
+from core.storage import (
+    download_dir,
+    download_file,
+    exists,
+    is_local,
+    join,
+    local_path,
+    upload_dir,
+)
 from core.training import TrainBatch, collate
 
 logger = logging.getLogger(__name__)
@@ -170,7 +178,7 @@ class Trainer:
     ) -> int:
         cfg, algo = self.config, self.config.algorithm
         t0 = time.perf_counter()
-        groups: list[Group] = rollout.call("prepare_batch", 3600.0)
+        groups: list[Group] = rollout.call("prepare_batch", cfg.rollout.stall_timeout_s)
         t_wait = time.perf_counter() - t0
         batch = to_batch(groups, self.pad_id)
         values = learners.call("compute_values", batch) if algo.use_critic else None
@@ -281,6 +289,7 @@ class Trainer:
     def _checkpoint(self, learners: LearnerGroup, rollout: Any, version: int) -> None:
         t0 = time.perf_counter()
         path = self.ckpt.path(version)
+        self.ckpt.begin(version)
         learners.call("save_checkpoint", join(path, "learner"))
         self._write_hf(learners, version, join(path, "hf"))
         recover = {
@@ -288,38 +297,76 @@ class Trainer:
             "rollout": rollout.call("state_dict"),
             "rng": _rng_state(),
             "config_hash": config_hash(self.config),
+            "config": run_params(self.config),
             "evals": self.evals,
         }
         self.ckpt.commit(version, recover)
         self._paused += time.perf_counter() - t0
 
     def _recover(self) -> tuple[int, str, dict[str, Any] | None]:
-        """(start version, folder to start the engine from, rollout state) — fresh or resumed."""
+        """(start version, folder to start the engine from, rollout state) — fresh or resumed.
+
+        Resumes from the newest committed checkpoint that passes :meth:`CheckpointManager.problems`;
+        a corrupt newer one is skipped with a warning saying why.
+        """
         if self.config.checkpoint.recover != "auto":
+            self._truncate_batches(0)
             return 0, self.model_dir, None
-        latest = self.ckpt.latest()
-        if latest is None:
-            logger.info(
-                "recover=auto: no committed checkpoint under %s, starting fresh", self.ckpt.url
-            )
-            return 0, self.model_dir, None
-        recover = self.ckpt.load_recover(latest)
-        if recover["config_hash"] != config_hash(self.config):
+        step = None
+        for candidate in reversed(self.ckpt.committed_steps()):
+            problems = self.ckpt.problems(candidate)
+            if not problems:
+                step = candidate
+                break
             logger.warning(
-                "resuming %s with a config that differs from the checkpoint's",
-                self.ckpt.path(latest),
+                "recover=auto: skipping checkpoint %s: %s",
+                self.ckpt.path(candidate),
+                "; ".join(problems),
+            )
+        if step is None:
+            logger.info(
+                "recover=auto: no valid committed checkpoint under %s, starting fresh",
+                self.ckpt.url,
+            )
+            self._truncate_batches(0)
+            return 0, self.model_dir, None
+        recover = self.ckpt.load_recover(step)
+        if recover["config_hash"] != config_hash(self.config):
+            changes = config_changes(recover.get("config", {}), self.config)
+            logger.warning(
+                "resuming %s with a config that differs from the checkpoint's: %s",
+                self.ckpt.path(step),
+                "; ".join(changes) or "(the checkpoint does not list its config)",
             )
         _set_rng_state(recover["rng"])
         self.evals = list(recover.get("evals", []))
-        hf_local = download_dir(join(self.ckpt.path(latest), "hf"))
-        logger.info(
-            "recover=auto: resuming from %s (version %d)",
-            self.ckpt.path(latest),
-            recover["version"],
-        )
+        hf_local = download_dir(join(self.ckpt.path(step), "hf"))
+        version = int(recover["version"])
+        logger.info("recover=auto: resuming from %s (version %d)", self.ckpt.path(step), version)
+        self._truncate_batches(version)
         # Our in-process engine loads the checkpoint's HF export at its version. Servers someone
         # else started (rollout.server_addresses) are not sent these weights yet.
-        return int(recover["version"]), str(hf_local), recover["rollout"]
+        return version, str(hf_local), recover["rollout"]
+
+    def _truncate_batches(self, start: int) -> None:
+        """Drop ``batches.jsonl`` rows of steps ≥ ``start``: the resumed run trains them again.
+
+        The file grows locally; a remote run folder's copy (uploaded at the end) is fetched first.
+        """
+        remote = join(self.config.run_dir, "batches.jsonl")
+        if not self.batches_path.exists() and not is_local(remote) and exists(remote):
+            download_file(remote, self.batches_path)
+        if not self.batches_path.exists():
+            return
+        lines = self.batches_path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and json.loads(line)["step"] < start]
+        if len(kept) < len(lines):
+            logger.info(
+                "batches.jsonl: dropped %d rows of steps >= %d", len(lines) - len(kept), start
+            )
+            staging = self.batches_path.with_suffix(".jsonl.tmp")
+            staging.write_text("".join(kept))
+            staging.replace(self.batches_path)
 
     def _export(self, learners: LearnerGroup, version: int) -> str:
         return str(self._write_hf(learners, version, join(self.config.run_dir, "final")))

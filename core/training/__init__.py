@@ -19,7 +19,11 @@ from core.training.batch import (
     shard_rows,
     split_minibatches,
 )
-from core.training.checkpoint import checkpoint_complete
+from core.training.checkpoint import (
+    checkpoint_complete,
+    checkpoint_problems,
+    hf_folder_problems,
+)
 from core.training.distributed import (
     DistInfo,
     all_reduce_max,
@@ -60,6 +64,8 @@ __all__ = [
     "all_reduce_sum",
     "barrier",
     "checkpoint_complete",
+    "checkpoint_problems",
+    "hf_folder_problems",
     "collate",
     "destroy_distributed",
     "dist_info",

@@ -32,6 +32,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch import nn
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -119,6 +120,57 @@ def checkpoint_complete(url: str) -> bool:
     """True when ``url`` holds a finished DCP checkpoint (its ``.metadata`` is written last)."""
     fs, path = fsspec.core.url_to_fs(url)
     return fs.exists(f"{path.rstrip('/')}/.metadata")
+
+
+def checkpoint_problems(url: str) -> list[str]:
+    """What makes the DCP checkpoint at ``url`` unloadable, without loading it: a missing or
+    unreadable ``.metadata``, or a shard file missing or shorter than the metadata says."""
+    fs, path = fsspec.core.url_to_fs(url)
+    path = path.rstrip("/")
+    if not fs.exists(f"{path}/.metadata"):
+        return [f"{url}: no .metadata (torn write)"]
+    try:
+        reader = FsspecReader(url) if "://" in url else dcp.FileSystemReader(path)
+        metadata = reader.read_metadata()
+    except Exception as err:  # noqa: BLE001 - any unpickling failure means "corrupt"
+        return [f"{url}/.metadata unreadable: {type(err).__name__}: {err}"]
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        end = info.offset + info.length
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    problems = []
+    for name, end in sorted(needed.items()):
+        file = f"{path}/{name}"
+        size = fs.size(file) if fs.exists(file) else None
+        if size is None:
+            problems.append(f"{url}/{name} is missing")
+        elif size < end:
+            problems.append(f"{url}/{name} is truncated ({size} of {end} bytes)")
+    return problems
+
+
+def hf_folder_problems(url: str) -> list[str]:
+    """What makes the HF export at ``url`` unloadable: config.json not JSON, or
+    model.safetensors missing, with a bad header, or shorter than its header says."""
+    fs, path = fsspec.core.url_to_fs(url)
+    path = path.rstrip("/")
+    try:
+        with fs.open(f"{path}/config.json", "r") as f:
+            json.load(f)
+    except (OSError, ValueError) as err:
+        return [f"{url}/config.json unreadable: {err}"]
+    weights = f"{path}/model.safetensors"
+    try:
+        with fs.open(weights, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        size = fs.size(weights)
+    except (OSError, ValueError) as err:
+        return [f"{url}/model.safetensors unreadable: {err}"]
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if size < 8 + n + end:
+        return [f"{url}/model.safetensors is truncated ({size} of {8 + n + end} bytes)"]
+    return []
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

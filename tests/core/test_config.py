@@ -9,12 +9,15 @@ import pytest
 from core.config import (
     Config,
     ConfigError,
+    config_changes,
     config_hash,
     docs_markdown,
     field_docs,
     flatten,
     load_config,
     parse_config,
+    run_params,
+    stamp_trial,
     to_yaml,
 )
 
@@ -161,6 +164,40 @@ def test_flatten_hash_and_yaml_round_trip(tmp_path: Path) -> None:
     # the printed YAML loads back to the same config
     again = load_config(write(tmp_path, to_yaml(cfg)))
     assert config_hash(again) == config_hash(cfg)
+
+
+def test_the_run_hash_ignores_fields_that_do_not_change_the_run() -> None:
+    cfg = load_config(QUICKSTART)
+    neutral = ["checkpoint.recover=auto", "experiment.trial=x", "checkpoint.keep_last=5",
+               "tracking.mlflow_uri=http://h:5000", "cluster.fileroot=s3://b/runs"]  # fmt: skip
+    assert config_hash(load_config(QUICKSTART, neutral)) == config_hash(cfg)
+    changed = load_config(QUICKSTART, ["algorithm.lr=3e-4", "checkpoint.recover=auto"])
+    assert config_changes(run_params(cfg), changed) == [
+        f"algorithm.lr: {cfg.algorithm.lr!r} -> 0.0003"
+    ]
+
+
+def _run_folder(root: Path, trial: str) -> None:
+    (root / "quickstart" / trial).mkdir(parents=True)
+    (root / "quickstart" / trial / "config.yaml").write_text("{}")
+
+
+def test_recover_auto_without_a_trial_resumes_the_latest_run(tmp_path: Path) -> None:
+    def stamped(*overrides: str) -> str:
+        cfg = load_config(QUICKSTART, [f"cluster.fileroot={tmp_path}", *overrides])
+        return stamp_trial(cfg).experiment.trial
+
+    fresh = stamped("checkpoint.recover=auto")  # nothing to resume: a new timestamp
+    assert len(fresh) == 15 and fresh[8] == "-"
+    _run_folder(tmp_path, "20261130-090000")
+    _run_folder(tmp_path, "20261201-080000")
+    (tmp_path / "quickstart" / "_cache").mkdir()  # not a run folder
+    assert stamped("checkpoint.recover=auto") == "20261201-080000"
+    assert stamped("checkpoint.recover=auto", "experiment.trial=mine") == "mine"
+    assert stamped() not in ("20261201-080000", "20261130-090000")  # recover=off: a new run
+    _run_folder(tmp_path, "baseline")
+    with pytest.raises(ConfigError, match=r"ambiguous.*\(baseline\).*experiment.trial"):
+        stamped("checkpoint.recover=auto")
 
 
 def test_every_field_is_documented() -> None:

@@ -67,6 +67,14 @@ def test_bench_rejects_an_unknown_benchmark() -> None:
 
 
 @pytest.mark.unit
+def test_deploy_refuses_a_secret_in_its_overrides() -> None:
+    """Deployment parameters live in Prefect's database: a secret must come from the env."""
+    uri = "tracking.mlflow_uri=http://me:Sentinel9pw@mlflow:5000"
+    result = runner.invoke(app, ["deploy", "--config", QUICKSTART, uri])
+    assert result.exit_code == 2
+    assert "Sentinel9pw" not in result.output and "${oc.env:NAME}" in result.output
+
+
 def test_config_docs_lists_every_field() -> None:
     result = runner.invoke(app, ["config", "docs"])
     assert result.exit_code == 0
@@ -76,16 +84,27 @@ def test_config_docs_lists_every_field() -> None:
 
 @pytest.mark.e2e
 def test_run_main_job_writes_summary(tmp_path: Path) -> None:
-    """The real console script in a subprocess, as a user runs it."""
+    """The real console script in a subprocess, as a user runs it — with secrets in a config
+    value and in the environment that must reach no file it writes (run folder, MLflow's store
+    and artifacts, Prefect's database)."""
     exe = Path(sys.executable).parent / "asyncrl"
+    secrets = ["Sentinel1pw/with/slashes", "Sentinel2tok", "Sentinel3env"]
+    description = f"mirror s3://ak:{secrets[0]}@minio:9000/b?x-amz-security-token={secrets[1]}"
     proc = subprocess.run(
-        [str(exe), "run", QUICKSTART, f"cluster.fileroot={tmp_path}", "experiment.trial=t", *SMALL],
+        [str(exe), "run", QUICKSTART, f"cluster.fileroot={tmp_path}", "experiment.trial=t",
+         f"experiment.description={description}", *SMALL],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "COLUMNS": "120", "PREFECT_HOME": str(tmp_path / "prefect")},
-    )
+        env={**os.environ, "COLUMNS": "120", "PREFECT_HOME": str(tmp_path / "prefect"),
+             "AWS_SECRET_ACCESS_KEY": secrets[2], "HF_TOKEN": secrets[2]},
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "prefect.db" for p in written) and (tmp_path / "mlflow.db").exists()
+    leaks = [(p, s) for p in written for s in secrets if s.encode() in p.read_bytes()]
+    assert leaks == []
+    assert secrets[0] not in proc.stdout + proc.stderr
     assert "accuracy before RL" in proc.stdout and "accuracy after RL" in proc.stdout
     run_dir = tmp_path / "quickstart" / "t"
     summary = json.loads((run_dir / "summary.json").read_text())

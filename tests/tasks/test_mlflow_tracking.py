@@ -61,34 +61,6 @@ def test_locations(config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert tracking.tracking_uri(config) == "http://127.0.0.1:5000"
 
 
-@pytest.mark.parametrize(
-    ("key", "secret"),
-    [("aws_secret_access_key", True), ("api_key", True), ("HF_TOKEN", True), ("dbPassword", True),
-     ("credentials", True), ("rollout.max_new_tokens", False), ("model.tokenizer_path", False),
-     ("checkpoint.keep_last", False), ("monkey", False)],
-)  # fmt: skip
-def test_is_secret_key(key: str, secret: bool) -> None:
-    assert tracking.is_secret_key(key) is secret
-
-
-def test_redaction() -> None:
-    assert (
-        tracking.redact_value(f"postgresql://me:{SECRET}@db:5432/x")
-        == "postgresql://me:***@db:5432/x"
-    )
-    assert tracking.redact_value("s3://bucket/path:with/colon@x") == "s3://bucket/path:with/colon@x"
-    assert tracking.redact_value(f"https://h/x?a=1&token={SECRET}") == "https://h/x?a=1&token=***"
-    assert tracking.redact_value("id AKIAABCDEFGHIJKLMNOP") == "id ***"
-    assert (
-        tracking.redact_value("plain text, http://host:80/path")
-        == "plain text, http://host:80/path"
-    )
-    out = tracking.redact({"aws_secret_access_key": SECRET, "api_key": "", "n": 3,
-                           "nested": {"password": SECRET, "url": f"redis://:{SECRET}@h"}})  # fmt: skip
-    assert out == {"aws_secret_access_key": "***", "api_key": "", "n": 3,
-                   "nested": {"password": "***", "url": "redis://:***@h"}}  # fmt: skip
-
-
 def test_start_run_params_tags_and_config_artifact(config: Config, tmp_path: Path) -> None:
     with start_run(config, run_name="quick", tags={"sweep": "s1"}) as run:
         run_id = run.info.run_id

@@ -281,6 +281,51 @@ def test_group_filter_drops_uniform_groups() -> None:
     assert executor.counters.rejected > 0
 
 
+def test_a_filter_that_refuses_everything_warns_then_stops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """DAPO with every group's rewards equal: it used to spin at 100 % CPU with no log line."""
+
+    async def main():
+        executor = make(
+            TickEngine(),
+            EchoWorkflow(n_tokens=2),
+            eta=0,
+            group_filter=lambda g: False,
+            max_filtered_in_a_row=12,
+        )
+        executor.start(sample_stream())
+        with pytest.raises(RolloutError, match=r"refused 12 groups in a row.*dynamic_sampling"):
+            await executor.prepare_batch(timeout_s=20)
+        await executor.stop()
+        return executor
+
+    with caplog.at_level("WARNING", logger="core.rollout.executor"):
+        executor = run(main())
+    warnings = [r.getMessage() for r in caplog.records if "refused the last" in r.getMessage()]
+    assert len(warnings) == 3  # one per batch_size (4) refused groups
+    assert executor.counters.filtered == executor.counters.filtered_in_a_row == 12
+
+
+def test_a_stalled_batch_is_logged_then_times_out_saying_what_it_waits_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main():
+        engine = TickEngine()
+        executor = make(engine, EchoWorkflow(n_tokens=2), eta=0)
+        executor.start(sample_stream())
+        await engine.pause()  # the engine stops answering: nothing finishes
+        with pytest.raises(TimeoutError, match=r"stall_timeout_s.*0/4 groups ready.*running"):
+            await executor.prepare_batch(timeout_s=1.0, warn_every_s=0.3)
+        await engine.resume()
+        await executor.stop()
+
+    with caplog.at_level("WARNING", logger="core.rollout.executor"):
+        run(main())
+    stalls = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no batch for")]
+    assert 2 <= len(stalls) <= 4 and "engine version 0" in stalls[0]
+
+
 def test_too_many_failures_stop_the_run_with_a_clear_error() -> None:
     async def main():
         engine = TickEngine()

@@ -121,6 +121,56 @@ def test_checkpoint_manager_ignores_torn_checkpoints(tmp_path: Path) -> None:
     assert manager.load_recover(3) == {"version": 3}
 
 
+def _commit_real_checkpoint(manager: CheckpointManager, step: int) -> Path:
+    """A small but real checkpoint: DCP learner state, a HF folder, recover.json, the marker."""
+    import torch
+    from safetensors.torch import save_file
+
+    from core.training.checkpoint import save_state
+
+    base = Path(manager.path(step))
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    save_state(str(base / "learner" / "policy"), model, optimizer, scheduler, {"step": step})
+    (base / "hf").mkdir(parents=True)
+    (base / "hf" / "config.json").write_text("{}")
+    save_file(dict(model.state_dict()), str(base / "hf" / "model.safetensors"))
+    manager.commit(step, {"version": step, "rollout": {}, "rng": {}, "config_hash": "h"})
+    return base
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-8])  # the tail of the data, as a cut-off upload
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (lambda b: (b / "recover.json").write_text("{not json"), "recover.json unreadable"),
+        (lambda b: (b / "recover.json").write_text("{}"), "recover.json lacks"),
+        (lambda b: (b / "learner/policy/.metadata").unlink(), "no .metadata"),
+        (lambda b: (b / "learner/policy/.metadata").write_bytes(b"junk"), ".metadata unreadable"),
+        (lambda b: _truncate(next((b / "learner/policy").glob("*.distcp"))), "truncated"),
+        (lambda b: _truncate(b / "hf/model.safetensors"), "model.safetensors is truncated"),
+        (lambda b: (b / "hf/model.safetensors").unlink(), "model.safetensors unreadable"),
+    ],
+    ids=["recover-garbage", "recover-empty", "no-metadata", "bad-metadata", "short-shard",
+         "short-weights", "no-weights"],
+)  # fmt: skip
+def test_checkpoint_problems_name_what_is_corrupt(
+    tmp_path: Path, damage: Any, expected: str
+) -> None:
+    manager = CheckpointManager(str(tmp_path / "ckpt"), keep_last=2)
+    base = _commit_real_checkpoint(manager, 3)
+    assert manager.problems(3) == []
+    damage(base)
+    problems = manager.problems(3)
+    assert len(problems) == 1 and expected in problems[0], problems
+
+
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.Popen:
     exe = Path(sys.executable).parent / "asyncrl"
     # Its own process group: the kill below takes the whole job (workers, Prefect's temporary
@@ -135,10 +185,8 @@ def _cli(args: list[str], env: dict[str, str]) -> subprocess.Popen:
     )
 
 
-def _resume_case(
-    fileroot: str, ckpt_dir: Any, env: dict[str, str], trial: str
-) -> list[dict[str, Any]]:
-    """4 steps with a kill -9 after the step-2 checkpoint, then recover=auto; returns batches."""
+def _resume_case(fileroot: str, ckpt_dir: Any, env: dict[str, str], trial: str) -> str:
+    """4 steps with a kill -9 after the step-2 checkpoint, then recover=auto; returns its log."""
     args = [
         *TINY,
         f"cluster.fileroot={fileroot}",
@@ -158,8 +206,10 @@ def _resume_case(
     first.wait()
     second = _cli([*args, "checkpoint.recover=auto"], env)
     assert second.wait(timeout=300) == 0, second.stderr.read()[-3000:]
-    assert "resuming from" in second.stderr.read()
-    return []
+    log = second.stderr.read()
+    assert "resuming from" in log
+    assert "differs" not in log  # recover=auto does not change what the run computes
+    return log
 
 
 @pytest.mark.e2e
@@ -181,8 +231,8 @@ def test_kill_and_resume_local_matches_straight_run(tmp_path: Path) -> None:
     ckpt = tmp_path / "quickstart" / "resumed" / "checkpoints"
     _resume_case(str(tmp_path), lambda name: (ckpt / name / MARKER).exists(), env, "resumed")
     resumed_rows = read_jsonl(tmp_path / "quickstart" / "resumed" / "batches.jsonl")
-    by_step = {row["step"]: row for row in resumed_rows}  # a step re-run after the kill wins
-    assert sorted(by_step) == [0, 1, 2, 3]
+    assert [row["step"] for row in resumed_rows] == [0, 1, 2, 3]  # no step twice
+    by_step = {row["step"]: row for row in resumed_rows}
     assert [by_step[s]["sample_ids"] for s in range(4)] == [r["sample_ids"] for r in reference]
     assert [by_step[s]["version"] for s in range(4)] == [1, 2, 3, 4]
     summary = json.loads((tmp_path / "quickstart" / "resumed" / "summary.json").read_text())
@@ -220,7 +270,7 @@ def test_kill_and_resume_on_s3(
         json.loads(line)
         for line in fs.cat(f"{s3_bucket}/runs/quickstart/s3run/batches.jsonl").splitlines()
     ]
-    assert {row["step"] for row in rows} >= {2, 3}
+    assert [row["step"] for row in rows] == [0, 1, 2, 3]  # the earlier rows fetched, none twice
 
 
 @pytest.mark.integration
@@ -292,3 +342,32 @@ def test_resume_keeps_the_initial_policy_as_kl_reference(tmp_path: Path) -> None
     for step in (2, 3):
         assert again[step]["reward/mean"] == pytest.approx(straight[step]["reward/mean"], abs=1e-6)
         assert again[step]["actor/kl"] == pytest.approx(straight[step]["actor/kl"], rel=1e-3)
+
+
+@pytest.mark.e2e
+def test_resume_skips_a_corrupt_latest_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A corrupt newest checkpoint is skipped with the reason logged; the run resumes from the
+    one before it, and batches.jsonl holds each step once."""
+    common = [
+        *TINY,
+        f"cluster.fileroot={tmp_path}",
+        "experiment.trial=t",
+        "rollout.max_staleness=0",
+        "checkpoint.every_n_steps=1",
+        "checkpoint.keep_last=3",
+    ]
+    run_experiment(load_config(QUICKSTART, [*common, "learner.total_steps=2"]))
+    ckpt = tmp_path / "quickstart" / "t" / "checkpoints"
+    assert (ckpt / "step-000002" / MARKER).exists()
+    shard = next((ckpt / "step-000002" / "learner" / "policy").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-64])  # an upload cut short
+    resumed = load_config(QUICKSTART, [*common, "learner.total_steps=3", "checkpoint.recover=auto"])
+    with caplog.at_level("INFO", logger="core.runtime.trainer"):
+        summary = run_experiment(resumed)
+    assert summary["steps"] == 2 and summary["version"] == 3  # steps 1 and 2 from version 1
+    skipped = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
+    assert len(skipped) == 1 and "step-000002" in skipped[0] and "truncated" in skipped[0]
+    rows = read_jsonl(tmp_path / "quickstart" / "t" / "batches.jsonl")
+    assert [row["step"] for row in rows] == [0, 1, 2]

@@ -1,0 +1,102 @@
+"""Storage calls never hang: an object store that accepts connections and never answers gives a
+clear error after bounded, logged retries; errors about the object itself are not retried."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.storage import read_text, storage_retry
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """A TCP server on 127.0.0.1 that accepts every connection and never sends a byte."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in held:
+        conn.close()
+    server.close()
+
+
+@pytest.mark.integration
+def test_a_silent_object_store_fails_with_logged_retries(silent_endpoint: str) -> None:
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": silent_endpoint,
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "ASYNCRL_STORAGE_CONNECT_TIMEOUT_S": "1",
+        "ASYNCRL_STORAGE_READ_TIMEOUT_S": "1",
+        "ASYNCRL_STORAGE_ATTEMPTS": "2",
+    }
+    script = (
+        "import logging; logging.basicConfig(level=logging.WARNING)\n"
+        "from core.storage import read_text\n"
+        "read_text('s3://bucket/run/summary.json')\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    elapsed = time.monotonic() - started
+    assert done.returncode != 0
+    # one retry logged (2 attempts), then the timeout naming the URL
+    assert done.stderr.count("Retrying core.storage.read_text") == 1, done.stderr[-2000:]
+    assert "Read timeout on endpoint URL" in done.stderr
+    assert "bucket/run/summary.json" in done.stderr
+    assert elapsed < 60  # s3fs's own 5 tries x 1 s per attempt, plus start-up
+
+
+def test_errors_about_the_object_are_not_retried(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="core.storage"):
+        with pytest.raises(FileNotFoundError):
+            read_text(str(tmp_path / "absent.txt"))
+    assert time.monotonic() - started < 0.5 and not caplog.records
+
+
+def test_transient_errors_are_retried_with_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    calls = []
+
+    @storage_retry
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("connection reset by peer")
+        return "ok"
+
+    with caplog.at_level(logging.WARNING, logger="core.storage"):
+        assert flaky() == "ok"
+    assert len(calls) == 3
+    assert [r.getMessage().split(" in ")[0] for r in caplog.records] == [
+        "Retrying tests.core.test_storage.test_transient_errors_are_retried_with_a_log_line."
+        "<locals>.flaky"
+    ] * 2
