@@ -8,6 +8,7 @@ skipped with one warning, or rejected with ``strict=True``.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import re
 from collections.abc import Iterable
@@ -62,30 +63,73 @@ def _row_problem(row: Any) -> str | None:
     return None
 
 
-def validate_rows(rows: Iterable[dict], source: str, strict: bool = False) -> list[dict]:
+def validate_rows(
+    rows: Iterable[dict],
+    source: str,
+    strict: bool = False,
+    *,
+    labels: list[str] | None = None,
+    unreadable: Iterable[tuple[str, str]] = (),
+) -> list[dict]:
     """Keep the usable rows of ``rows``; ``source`` names where they came from in messages.
 
     A row needs non-empty string ``question`` and ``answer`` fields and an answer ending in a
     parsable ``#### N``. Bad rows are skipped with a single warning listing the count and the
-    first few (index and reason); with ``strict=True`` the first bad row raises ValueError.
+    first few (where and why); with ``strict=True`` the first bad row raises ValueError.
+    ``labels[i]`` names row ``i`` (default ``row i``; a JSONL file's rows are ``line N``), and
+    ``unreadable`` holds ``(label, reason)`` of records that could not even be parsed.
     """
     good: list[dict] = []
-    bad: list[tuple[int, str]] = []
-    total = 0
+    bad: list[tuple[str, str]] = list(unreadable)
+    total = len(bad)
     for index, row in enumerate(rows):
         total += 1
         reason = _row_problem(row)
         if reason is None:
             good.append(row)
             continue
+        label = labels[index] if labels is not None else f"row {index}"
         if strict:
-            raise ValueError(f"{source}: bad row {index}: {reason}")
-        bad.append((index, reason))
+            raise ValueError(f"{source}: bad {label}: {reason}")
+        bad.append((label, reason))
     if bad:
-        shown = "; ".join(f"row {i}: {r}" for i, r in bad[:_WARN_EXAMPLES])
+        shown = "; ".join(f"{where}: {why}" for where, why in bad[:_WARN_EXAMPLES])
         more = f"; ... and {len(bad) - _WARN_EXAMPLES} more" if len(bad) > _WARN_EXAMPLES else ""
         logger.warning("Skipped %d of %d rows from %s (%s%s)", len(bad), total, source, shown, more)
     return good
+
+
+def read_jsonl_lines(
+    url: str, storage_options: dict | None = None, strict: bool = False
+) -> tuple[list[tuple[int, dict]], list[tuple[str, str]]]:
+    """Parse a JSONL file line by line: ``([(line number, row)], [(\"line N\", reason)])``.
+
+    Blank lines are skipped; a line that is not JSON, or not a JSON object, is reported with
+    its number (with ``strict`` it raises ValueError naming the file and line) instead of
+    failing the whole file as a bulk parser would.
+    """
+    import fsspec
+
+    rows: list[tuple[int, dict]] = []
+    bad: list[tuple[str, str]] = []
+    with fsspec.open(url, "r", encoding="utf-8", **copy.deepcopy(storage_options or {})) as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                reason = (
+                    None if isinstance(row, dict) else f"a JSON {type(row).__name__}, not an object"
+                )
+            except json.JSONDecodeError as err:
+                reason = f"invalid JSON ({err.msg} at column {err.colno})"
+            if reason is None:
+                rows.append((number, row))
+            elif strict:
+                raise ValueError(f"{url}: bad line {number}: {reason}")
+            else:
+                bad.append((f"line {number}", reason))
+    return rows, bad
 
 
 def _resolve_file(url: str, split: str, storage_options: dict) -> tuple[str, str]:
@@ -112,11 +156,17 @@ def _resolve_file(url: str, split: str, storage_options: dict) -> tuple[str, str
     return data_url, _BUILDERS[suffix]
 
 
-def _load_file(url: str, split: str, storage_options: dict) -> list[dict]:
+def _load_file(
+    url: str, split: str, storage_options: dict, strict: bool = False
+) -> tuple[list[dict], list[str], list[tuple[str, str]]]:
+    """(rows, their labels, unreadable records) of a file or folder source."""
     import datasets
 
     data_url, builder = _resolve_file(url, split, storage_options)
     logger.debug("Loading %s as %s", data_url, builder)
+    if data_url.endswith(".jsonl"):
+        numbered, bad = read_jsonl_lines(data_url, storage_options, strict)
+        return [row for _, row in numbered], [f"line {n}" for n, _ in numbered], bad
     ds = datasets.load_dataset(
         builder,
         data_files=data_url,
@@ -124,7 +174,8 @@ def _load_file(url: str, split: str, storage_options: dict) -> list[dict]:
         # datasets adds an "hf" entry to the dict it is given; never hand it the caller's.
         storage_options=copy.deepcopy(storage_options),
     )
-    return ds.to_list()
+    rows = ds.to_list()
+    return rows, [f"row {i}" for i in range(len(rows))], []
 
 
 def load_gsm8k(
@@ -142,8 +193,9 @@ def load_gsm8k(
     ``.jsonl``/``.json``/``.parquet`` file or of a folder/prefix holding ``{split}.jsonl`` or
     ``{split}.parquet``. ``storage_options`` go to fsspec (e.g. S3 endpoint and keys) and are
     not modified. Rows without an ``id`` get ``gsm8k-{split}-{index}`` (index in the file).
-    Bad rows are skipped with a warning (see :func:`validate_rows`), or raise with ``strict``.
-    ``limit`` keeps at most that many valid samples.
+    Bad rows are skipped with a warning (see :func:`validate_rows`), or raise with ``strict``;
+    a JSONL file is parsed line by line, so a malformed line is one bad row named by its line
+    number (:func:`read_jsonl_lines`). ``limit`` keeps at most that many valid samples.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit}")
@@ -152,21 +204,24 @@ def load_gsm8k(
         if split not in BUNDLED_SPLITS:
             raise ValueError(f"bundled GSM8K has splits {list(BUNDLED_SPLITS)}, not {split!r}")
         label = f"bundled GSM8K {split}"
-        rows = _load_file(str(BUNDLED_DIR / f"{split}.jsonl"), split, {})
+        rows, labels, bad = _load_file(str(BUNDLED_DIR / f"{split}.jsonl"), split, {}, strict)
     elif source == "hub":
         import datasets
 
         label = f"hub:{HUB_DATASET} {split}"
         rows = datasets.load_dataset(HUB_DATASET, "main", split=split).to_list()
+        labels, bad = [f"row {i}" for i in range(len(rows))], []
     else:
         label = source
-        rows = _load_file(source, split, options)
+        rows, labels, bad = _load_file(source, split, options, strict)
 
-    for index, row in enumerate(rows):
+    for index, (row, where) in enumerate(zip(rows, labels, strict=True)):
         if isinstance(row, dict):
+            # the row's place in its file: line N of a JSONL file is index N - 1
+            position = int(where.split()[1]) - 1 if where.startswith("line") else index
             row_id = row.get("id")
-            row["id"] = f"gsm8k-{split}-{index}" if row_id is None else str(row_id)
-    samples = validate_rows(rows, label, strict=strict)
+            row["id"] = f"gsm8k-{split}-{position}" if row_id is None else str(row_id)
+    samples = validate_rows(rows, label, strict=strict, labels=labels, unreadable=bad)
     if limit is not None:
         samples = samples[:limit]
     logger.info("Loaded %d GSM8K samples from %s", len(samples), label)

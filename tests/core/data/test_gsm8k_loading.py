@@ -117,14 +117,33 @@ def test_bad_rows_skipped_with_one_warning(
     assert len(warnings) == 1
     message = warnings[0].getMessage()
     assert "Skipped 4 of 6" in message and str(path) in message
-    assert "row 1: missing 'question'" in message
-    assert "row 2: empty 'answer'" in message
-    assert "row 3: answer has no parsable" in message and "row 4" in message
+    assert "line 2: missing 'question'" in message  # a JSONL file's rows are named by line
+    assert "line 3: empty 'answer'" in message
+    assert "line 4: answer has no parsable" in message and "line 5" in message
 
 
 def test_bad_rows_strict_raises_with_index(tmp_path: Path) -> None:
     path = _write_jsonl(tmp_path / "bad.jsonl", BAD_ROWS)
-    with pytest.raises(ValueError, match=rf"{path}: bad row 1: missing 'question'"):
+    with pytest.raises(ValueError, match=rf"{path}: bad line 2: missing 'question'"):
+        load_gsm8k(str(path), "train", strict=True)
+
+
+def test_malformed_jsonl_lines_are_counted_with_line_numbers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One broken line used to abort the whole load with an Arrow error and no line number."""
+    lines = [json.dumps(ROWS[0]), '{"question": "Q?", "answer": "#### 1"', "", "[1, 2]",
+             json.dumps(ROWS[1])]  # fmt: skip
+    path = tmp_path / "broken.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with caplog.at_level(logging.WARNING, logger="core.data.gsm8k"):
+        samples = load_gsm8k(str(path), "train")
+    assert [s["id"] for s in samples] == ["gsm8k-train-0", "gsm8k-train-4"]  # ids by line
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert "Skipped 2 of 4 rows" in message
+    assert "line 2: invalid JSON" in message and "line 4: a JSON list, not an object" in message
+    with pytest.raises(ValueError, match=rf"{path}: bad line 2: invalid JSON"):
         load_gsm8k(str(path), "train", strict=True)
 
 
