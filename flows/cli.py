@@ -408,6 +408,28 @@ def engine_serve(
     max_batch_size: Annotated[int, typer.Option(help="Most requests decoded together.")] = 128,
     torch_threads: Annotated[int, typer.Option(help="torch threads for this process.")] = 1,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ASYNCRL_ENGINE_API_KEY",
+            show_default=False,
+            help="Bearer token required on every endpoint but /health; needed for a "
+            "non-loopback --host.",
+        ),
+    ] = None,
+    weights_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="A folder /update_weights_from_disk may load from (repeatable; the model "
+            "folder's parent is always allowed). Point it at the run's weights folder.",
+        ),
+    ] = None,
+    max_new_tokens_cap: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Most tokens one request may generate (default: the context left)."
+        ),
+    ] = None,
 ) -> None:
     """Serve a model with our engine behind SGLang's HTTP API (/generate, /update_weights_from_disk, ...)."""
     if not (model / "config.json").is_file():
@@ -415,6 +437,13 @@ def engine_serve(
             f"[bold red]error:[/] --model {model} is not a Hugging Face model folder (no config.json)"
         )
         raise typer.Exit(code=2)
+    from core.inference.server_guard import check_exposure, clean_api_key
+
+    try:
+        check_exposure(host, clean_api_key(api_key))
+    except ValueError as err:
+        err_console.print(f"[bold red]error:[/] {err}")
+        raise typer.Exit(code=2) from None
     _setup_logging(False)
     from core.inference.server import serve
 
@@ -422,6 +451,9 @@ def engine_serve(
         model,
         host,
         port,
+        api_key=api_key,
+        weights_root=weights_root or [],
+        max_new_tokens_cap=max_new_tokens_cap,
         dtype=dtype,
         max_batch_size=max_batch_size,
         torch_threads=torch_threads,

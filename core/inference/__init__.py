@@ -25,6 +25,7 @@ from core.inference.api import (
 
 _LAZY = {
     "EngineStats": "core.inference.hf_engine",
+    "GenerationError": "core.inference.hf_engine",
     "HFEngine": "core.inference.hf_engine",
     "PauseMode": "core.inference.hf_engine",
     "ServerHandle": "core.inference.server",

@@ -80,6 +80,11 @@ class RoundStats:
     decode_s: float = 0.0
     tokens: int = 0
 
+    def merge(self, other: RoundStats) -> None:
+        """Add ``other``'s counts (rounds run one after another, reported as one)."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
 
 @dataclass
 class EngineStats:

@@ -14,6 +14,12 @@ mode every in-flight request returns ``stop_reason="abort"`` with its partial to
 :func:`~core.inference.api.generate_resuming` expects); ``retract`` puts them back in the queue to
 continue after resume under the new weights; ``drain`` lets them finish first. Requests that
 arrive while paused wait for :meth:`HFEngine.resume`.
+
+A bad request fails alone. ``agenerate`` checks token ids (integers inside the vocabulary) and
+sampling parameters before queueing. If a round still raises, each of its unfinished requests is
+retried for one step on its own: a request that fails alone gets :class:`GenerationError`, the
+others continue (their next round re-prefills them). On CUDA some errors (a device-side assert)
+break the whole context instead: those are what the checks before queueing are for.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import logging
+import operator
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -40,6 +47,14 @@ logger = logging.getLogger(__name__)
 PauseMode = Literal["abort", "retract", "drain"]
 # A stronger mode overrides a weaker one when pause() is called again while paused.
 _PAUSE_STRENGTH = {"drain": 0, "retract": 1, "abort": 2}
+
+
+class GenerationError(RuntimeError):
+    """Generating for one request failed inside the engine (the request itself may be fine)."""
+
+
+def _stop_after_one_step(steps: int, n_open: int, n_rows: int) -> bool:
+    return True
 
 
 def _set_result(future: asyncio.Future, value: Any) -> None:
@@ -147,6 +162,18 @@ class HFEngine:
         return self._version
 
     @property
+    def vocab_size(self) -> int:
+        """Token ids the model can read and write: ``[0, vocab_size)``."""
+        rows = self.model.get_input_embeddings().weight.shape[0]
+        return int(min(rows, self._decoder.vocab_size))
+
+    @property
+    def context_length(self) -> int | None:
+        """The model's ``max_position_embeddings`` (None if its config has none)."""
+        value = getattr(self.model.config, "max_position_embeddings", None)
+        return int(value) if isinstance(value, int) and value > 0 else None
+
+    @property
     def paused(self) -> bool:
         return self._pause_mode is not None
 
@@ -164,8 +191,10 @@ class HFEngine:
         return sum(1 for s in self._running if s.finish is None)
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
-        if not request.input_ids:
-            raise ValueError("input_ids must not be empty")
+        """Generate for ``request``; ``ValueError`` for bad ids/sampling (nothing queued),
+        :class:`GenerationError` if the model fails on this request."""
+        self._check_ids(request.input_ids, "input_ids")
+        self._check_ids(request.sampling.stop_token_ids, "stop_token_ids", allow_empty=True)
         validate_sampling(request.sampling)
         if request.sampling.max_new_tokens <= 0:
             return GenerationResponse([], [], [], "length")
@@ -243,6 +272,22 @@ class HFEngine:
 
     # ------------------------------------------------------------------ internals
 
+    def _check_ids(self, ids: list[int], name: str, allow_empty: bool = False) -> None:
+        """Integers (not floats or bools) inside the vocabulary: an id outside it would index
+        past the embedding and fail the whole batch (on CUDA, the whole process)."""
+        if not ids and not allow_empty:
+            raise ValueError(f"{name} must not be empty")
+        vocab = self.vocab_size
+        for i, token in enumerate(ids):
+            if isinstance(token, bool | float):
+                raise ValueError(f"{name}[{i}]={token!r} is not an integer token id")
+            try:
+                value = operator.index(token)
+            except TypeError:
+                raise ValueError(f"{name}[{i}]={token!r} is not an integer token id") from None
+            if not 0 <= value < vocab:
+                raise ValueError(f"{name}[{i}]={value} is outside the vocabulary [0, {vocab})")
+
     def _load(self, state, version: int) -> None:
         with self._model_lock:
             load_weights(self.model, state)
@@ -263,20 +308,40 @@ class HFEngine:
     def _worker(self) -> None:
         with torch.inference_mode():  # grad mode is per thread: set it in the worker itself
             while (batch := self._next_batch()) is not None:
-                stats = None
-                try:
-                    with self._model_lock:
-                        stats = self._decoder.run(
-                            batch, self._version, self._should_stop, self._resolve
+                self._end_round(batch, self._run_round(batch))
+
+    def _run_round(self, batch: list[Slot]) -> RoundStats | None:
+        try:
+            with self._model_lock:
+                return self._decoder.run(batch, self._version, self._should_stop, self._resolve)
+        except Exception:  # keep serving: find the request(s) that fail on their own
+            logger.exception("generation round of %d requests failed", len(batch))
+            self._decoder.reset()
+            return self._isolate(batch)
+
+    def _isolate(self, batch: list[Slot]) -> RoundStats:
+        """After a failed round: one step for each unfinished request alone. One that fails
+        alone fails (only it); the others keep their tokens and go on in the next round."""
+        total = RoundStats()
+        for slot in batch:
+            if slot.finish is not None or slot.cancelled:
+                continue
+            try:
+                with self._model_lock:
+                    total.merge(
+                        self._decoder.run(
+                            [slot], self._version, _stop_after_one_step, self._resolve
                         )
-                except Exception as exc:  # keep serving: fail this round's requests only
-                    logger.exception("generation round failed")
-                    self._decoder.reset()
-                    for slot in batch:
-                        if slot.finish is None:
-                            slot.finish = "abort"
-                            _call_in_loop(slot.loop, _set_exception, slot.future, exc)
-                self._end_round(batch, stats)
+                    )
+            except Exception as exc:
+                logger.warning("request %s fails on its own: %r", slot.request.rid, exc)
+                slot.finish = "abort"
+                error = GenerationError(f"generation failed: {type(exc).__name__}: {exc}")
+                error.__cause__ = exc
+                _call_in_loop(slot.loop, _set_exception, slot.future, error)
+            finally:
+                self._decoder.reset()  # the next round re-prefills the survivors together
+        return total
 
     def _next_batch(self) -> list[Slot] | None:
         with self._cond:

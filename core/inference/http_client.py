@@ -6,6 +6,11 @@ prefix cache may still help and whose ``rid`` bookkeeping stays in one place.
 
 Pausing is enforced on both sides: the client holds back new requests until :meth:`resume`, and
 subclasses tell the servers to stop (in-flight requests then come back as ``abort``).
+
+Authentication: with an API key every request carries ``Authorization: Bearer <key>``, which is
+what SGLang's and vLLM's ``--api-key`` and our server's expect. The key defaults to
+``$ASYNCRL_ENGINE_API_KEY`` when set, so a run reaches key-protected servers without putting the
+key in its config (which is logged).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 from typing import Any
 
 import aiohttp
@@ -26,6 +32,14 @@ from tenacity import (
 logger = logging.getLogger(__name__)
 
 _RETRY_STATUS = {502, 503, 504}  # a server restarting or a proxy in front of one
+API_KEY_ENV = "ASYNCRL_ENGINE_API_KEY"
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """``Authorization: Bearer <key>`` when there is a key (``None`` = ``$ASYNCRL_ENGINE_API_KEY``)."""
+    key = os.environ.get(API_KEY_ENV) if api_key is None else api_key
+    key = (key or "").strip()
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 class ServerError(RuntimeError):
@@ -59,7 +73,10 @@ class HTTPEngineClient:
         max_retries: int = 3,
         retry_backoff_s: float = 0.5,
         version: int = 0,
+        api_key: str | None = None,
     ) -> None:
+        """``api_key``: bearer token for the servers; None = ``$ASYNCRL_ENGINE_API_KEY``
+        if set, "" = send none."""
         if not addresses:
             raise ValueError("need at least one server address")
         self.urls = [normalize_address(a) for a in addresses]
@@ -67,6 +84,7 @@ class HTTPEngineClient:
         self.max_retries = max_retries
         self.retry_backoff_s = retry_backoff_s
         self._version = version
+        self._headers = auth_headers(api_key)  # never logged
         self._round_robin = itertools.cycle(range(len(self.urls)))
         self._rid_server: dict[str, int] = {}
         self._paused = False
@@ -116,6 +134,7 @@ class HTTPEngineClient:
             # A session belongs to one event loop; tests and scripts may use several in turn.
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                headers=self._headers,
                 connector=aiohttp.TCPConnector(limit=0),  # concurrency is the caller's choice
             )
             self._session_loop = loop

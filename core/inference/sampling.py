@@ -29,6 +29,7 @@ integers in C, and not something torch promises to wrap identically on every dev
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -95,17 +96,32 @@ class BatchSampling:
 
 
 def validate_sampling(params: SamplingParams) -> None:
-    """Reject parameters that would make sampling undefined (named after the field)."""
+    """Reject parameters that would make sampling undefined (named after the field).
+
+    Checked per request before it joins a batch: a NaN temperature or an infinite top-p would
+    otherwise turn its row's logits into NaN, and a float ``top_k`` would break the batch's
+    tensors for every request in it.
+    """
+    if not _is_int(params.max_new_tokens):
+        raise ValueError(f"max_new_tokens={params.max_new_tokens!r} must be an integer")
+    for name in ("temperature", "top_p"):
+        value = getattr(params, name)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ValueError(f"{name}={value!r} must be a number")
+        if not math.isfinite(value):
+            raise ValueError(f"{name}={value} must be finite")
     if params.temperature < 0:
         raise ValueError(f"temperature={params.temperature} must be >= 0 (0 = greedy)")
     if not 0.0 < params.top_p <= 1.0:
         raise ValueError(f"top_p={params.top_p} must be in (0, 1]")
-    if params.top_k < 0:
-        raise ValueError(f"top_k={params.top_k} must be >= 0 (0 = off)")
-    if params.seed is not None and (
-        not isinstance(params.seed, int) or isinstance(params.seed, bool)
-    ):
+    if not _is_int(params.top_k) or params.top_k < 0:
+        raise ValueError(f"top_k={params.top_k!r} must be an integer >= 0 (0 = off)")
+    if params.seed is not None and not _is_int(params.seed):
         raise ValueError(f"seed={params.seed!r} must be an integer or None")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def split_seed(seed: int) -> tuple[int, int]:

@@ -21,6 +21,24 @@ CPU box and to a real SGLang server on a GPU node. Endpoints and field shapes fo
 
 Weight versions are strings in SGLang; ours are integers sent as strings. The command line
 accepts SGLang's launch flags, so :mod:`core.inference.sglang_launcher` can start either.
+
+Robustness and security:
+
+- Every request body is validated before it reaches the engine (:mod:`core.inference.validation`
+  lists the rules): a bad field is a 400 naming the field, and never fails the other requests
+  decoded in the same batch. ``max_new_tokens`` is capped by the context left after the prompt
+  (``max_position_embeddings``) and by ``--max-new-tokens-cap`` if given. Large bodies are parsed
+  off the event loop; an unexpected error is a JSON 500 for that request only.
+- ``--api-key`` (or ``$ASYNCRL_ENGINE_API_KEY``): every endpoint but ``/health`` and
+  ``/health_generate`` (liveness probes, which reveal nothing) then needs
+  ``Authorization: Bearer <key>``, as with SGLang's own ``--api-key``; else 401. Binding a
+  non-loopback host without a key is refused at start-up: anyone reaching the port could pause
+  the server or swap its weights.
+- ``/update_weights_from_disk`` loads only folders under the weight roots: the model folder's
+  parent plus every ``--weights-root`` (symlinks resolved first); anything else is a 400. A
+  ``weight_version`` must move forward: greater than the version served, or equal to it with the
+  same folder (a retried update, reloaded). Going backwards is a 409; negative versions and
+  versions above ``MAX_WEIGHT_VERSION`` are a 400.
 """
 
 from __future__ import annotations
@@ -28,53 +46,81 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from core.inference.api import GenerationRequest, GenerationResponse, SamplingParams, WeightSource
-from core.inference.hf_engine import HFEngine
+from core.inference.hf_engine import GenerationError, HFEngine
+from core.inference.server_guard import (
+    API_KEY_ENV,
+    SETTINGS_KEY,
+    ServerSettings,
+    allowed_weights_path,
+    authenticate,
+    check_exposure,
+    clean_api_key,
+    make_settings,
+    next_version,
+)
+from core.inference.validation import (
+    RequestError,
+    loads,
+    parse_generate,
+    parse_pause,
+    parse_update,
+)
 
 logger = logging.getLogger(__name__)
 
+INLINE_PARSE_BYTES = 256 * 1024  # larger bodies are parsed and validated on a worker thread
+T = TypeVar("T")
+
+
 ENGINE_KEY = web.AppKey("engine", HFEngine)
 STATE_KEY = web.AppKey("state", dict)
-_PAUSE_MODES = {"abort": "abort", "retract": "retract", "in_place": "retract"}
-# Our engine re-prefills a retracted request, which is what SGLang's "in_place" amounts to.
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status)
+def _error(status: int, message: str, **headers: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status, headers=headers)
 
 
-def parse_sampling(raw: dict[str, Any] | None) -> SamplingParams:
-    """SGLang ``sampling_params`` -> ours (SGLang's ``top_k=-1`` means off, as our 0 does)."""
-    raw = dict(raw or {})
-    if raw.get("stop"):
-        raise ValueError("'stop' strings need a tokenizer; use stop_token_ids")
-    top_k = int(raw.get("top_k", -1))
-    return SamplingParams(
-        max_new_tokens=int(raw.get("max_new_tokens", 128)),
-        temperature=float(raw.get("temperature", 1.0)),
-        top_p=float(raw.get("top_p", 1.0)),
-        top_k=max(top_k, 0),
-        stop_token_ids=[int(t) for t in raw.get("stop_token_ids") or []],
-        seed=_parse_seed(raw.get("sampling_seed")),
-    )
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Bad requests -> 400 with the field; anything unexpected -> a JSON 500 for this request."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except RequestError as exc:
+        return _error(exc.status, str(exc))
+    except GenerationError as exc:
+        logger.warning("%s %s: %s", request.method, request.path, exc)
+        return _error(500, str(exc))
+    except Exception as exc:
+        logger.exception("%s %s failed", request.method, request.path)
+        return _error(500, f"internal error: {type(exc).__name__}")
 
 
-def _parse_seed(raw: Any) -> int | None:
-    """SGLang's ``sampling_seed``: a JSON integer or null. No coercion: ``"7"`` or ``7.5`` would
-    silently become some other seed than the caller meant (and ``true`` is no seed at all)."""
-    if raw is None:
-        return None
-    if not isinstance(raw, int) or isinstance(raw, bool):
-        raise ValueError(f"sampling_seed={raw!r} must be an integer")
-    return raw
+async def _parse(request: web.Request, parser: Callable[[Any], T], allow_empty: bool = False) -> T:
+    """Read, decode and validate the body; large bodies off the event loop."""
+    raw = await request.read()
+    if not raw and allow_empty:  # no body at all (JSON null is a malformed one)
+        return parser({})
+    if len(raw) <= INLINE_PARSE_BYTES:
+        return parser(loads(raw))
+    return await asyncio.to_thread(lambda: parser(loads(raw)))
+
+
+# ---------------------------------------------------------------------- /generate
 
 
 def finish_reason(resp: GenerationResponse) -> dict[str, Any]:
@@ -106,44 +152,43 @@ def to_sglang(
 
 
 async def _generate_one(
-    engine: HFEngine, ids: list[int], sampling: dict, rid: str | None, logprobs: bool
-):
+    engine: HFEngine, ids: list[int], sampling: SamplingParams, rid: str | None, logprobs: bool
+) -> dict[str, Any]:
     rid = rid or uuid.uuid4().hex
     start = time.perf_counter()
-    resp = await engine.agenerate(GenerationRequest(list(ids), parse_sampling(sampling), rid))
+    try:
+        resp = await engine.agenerate(GenerationRequest(list(ids), sampling, rid))
+    except GenerationError:
+        raise
+    except ValueError as exc:  # the engine's own checks (the server's should have caught it)
+        raise RequestError("request", str(exc)) from None
+    except RuntimeError as exc:  # closed
+        raise RequestError("engine", str(exc), status=503) from None
     return to_sglang(resp, rid, len(ids), engine.version, logprobs, time.perf_counter() - start)
 
 
 async def generate(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
-    body = await request.json()
-    input_ids = body.get("input_ids")
-    if not input_ids:
-        return _error(400, "this server has no tokenizer (skip_tokenizer_init): send input_ids")
-    logprobs = bool(body.get("return_logprob", False))
-    sampling, rid = body.get("sampling_params"), body.get("rid")
-    try:
-        if isinstance(input_ids[0], list):  # a batch of prompts
-            n = len(input_ids)
-            samplings = sampling if isinstance(sampling, list) else [sampling] * n
-            rids = (
-                rid if isinstance(rid, list) else [f"{rid}_{i}" if rid else None for i in range(n)]
-            )
-            coros = [
-                _generate_one(engine, ids, s, r, logprobs)
-                for ids, s, r in zip(input_ids, samplings, rids, strict=True)
-            ]
-            return web.json_response(list(await asyncio.gather(*coros)))
-        return web.json_response(await _generate_one(engine, input_ids, sampling, rid, logprobs))
-    except (ValueError, TypeError) as exc:
-        return _error(400, str(exc))
+    limits = request.app[SETTINGS_KEY].limits
+    batch = await _parse(request, lambda body: parse_generate(body, limits))
+    results = await asyncio.gather(
+        *(
+            _generate_one(engine, ids, s, rid, batch.return_logprob)
+            for ids, s, rid in zip(batch.prompts, batch.samplings, batch.rids, strict=True)
+        ),
+        return_exceptions=True,
+    )
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return web.json_response(results if batch.batched else results[0])
+
+
+# ---------------------------------------------------------------------- admin endpoints
 
 
 async def pause_generation(request: web.Request) -> web.Response:
-    body = await request.json() if request.can_read_body else {}
-    mode = _PAUSE_MODES.get(body.get("mode", "abort"))
-    if mode is None:
-        return _error(400, f"mode must be one of {sorted(_PAUSE_MODES)}")
+    mode = await _parse(request, parse_pause, allow_empty=True)
     await request.app[ENGINE_KEY].pause(mode)
     return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
@@ -153,6 +198,11 @@ async def continue_generation(request: web.Request) -> web.Response:
     return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
 
+def _update_failure(status: int, message: str) -> web.Response:
+    body = {"success": False, "message": message, "num_paused_requests": 0}
+    return web.json_response({**body, "error": {"message": message}}, status=status)
+
+
 async def update_weights_from_disk(request: web.Request) -> web.Response:
     """Pause (abort or drain in-flight requests), load, bump the version, resume if we paused.
 
@@ -160,36 +210,39 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     first; a server paused by ``/pause_generation`` stays paused until ``/continue_generation``.
     """
     engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
-    body = await request.json()
-    if not body.get("model_path"):
-        return _error(400, "model_path is required")
-    raw_version = body.get("weight_version")
     try:
-        version = engine.version + 1 if raw_version is None else int(raw_version)
-    except ValueError:
-        return _error(400, f"weight_version={raw_version!r}: this server uses integer versions")
+        update = await _parse(request, parse_update)
+        path = allowed_weights_path(update.model_path, request.app[SETTINGS_KEY].weights_roots)
+    except RequestError as exc:
+        return _update_failure(exc.status, str(exc))
     async with state["update_lock"]:
-        paused_here = not engine.paused
-        if paused_here:
-            await engine.pause("abort" if body.get("abort_all_requests") else "drain")
         try:
-            await engine.update_weights(WeightSource(path=body["model_path"]), version)
-        except (OSError, ValueError, RuntimeError) as exc:
-            logger.warning("weight update from %s failed: %s", body["model_path"], exc)
-            return web.json_response(
-                {
-                    "success": False,
-                    "message": f"Failed to update weights: {exc}",
-                    "num_paused_requests": 0,
-                },
-                status=400,
+            version = next_version(
+                engine.version, update.weight_version, path, state["weights_path"]
             )
-        finally:
-            if paused_here:
-                await engine.resume()
-    state["model_path"] = body["model_path"]
+            await _load(engine, path, version, update.abort_all_requests)
+        except RequestError as exc:
+            return _update_failure(exc.status, str(exc))
+        except (OSError, ValueError, RuntimeError) as exc:
+            logger.warning("weight update from %s failed: %s", path, exc)
+            return _update_failure(400, f"Failed to update weights: {exc}")
+        state["model_path"], state["weights_path"] = update.model_path, path
     message = f"Succeeded to update model weights (version {version})."
     return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
+
+
+async def _load(engine: HFEngine, path: Path, version: int, abort: bool) -> None:
+    paused_here = not engine.paused
+    if paused_here:
+        await engine.pause("abort" if abort else "drain")
+    try:
+        await engine.update_weights(WeightSource(path=str(path)), version)
+    finally:
+        if paused_here:
+            await engine.resume()
+
+
+# ---------------------------------------------------------------------- read-only endpoints
 
 
 async def health(request: web.Request) -> web.Response:
@@ -212,20 +265,35 @@ async def get_weight_version(request: web.Request) -> web.Response:
 
 async def get_server_info(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
+    limits = request.app[SETTINGS_KEY].limits
     return web.json_response({
         "model_path": request.app[STATE_KEY]["model_path"],
         "weight_version": str(engine.version),
         "paused": engine.paused,
         "max_batch_size": engine.max_batch_size,
+        "context_length": limits.context_length,
+        "max_new_tokens_cap": limits.max_new_tokens_cap,
         "engine_stats": engine.stats.as_dict(),
     })  # fmt: skip
 
 
-def create_app(engine: HFEngine, model_path: str) -> web.Application:
-    """The aiohttp application serving ``engine`` (which the caller owns and closes)."""
-    app = web.Application(client_max_size=64 * 1024**2)
+def create_app(
+    engine: HFEngine, model_path: str, settings: ServerSettings | None = None
+) -> web.Application:
+    """The aiohttp application serving ``engine`` (which the caller owns and closes).
+
+    ``settings`` default: no API key, weight roots = ``model_path``'s parent, no extra cap.
+    """
+    settings = settings or make_settings(engine, model_path or None)
+    app = web.Application(client_max_size=64 * 1024**2, middlewares=[_errors, authenticate])
     app[ENGINE_KEY] = engine
-    app[STATE_KEY] = {"model_path": str(model_path), "update_lock": asyncio.Lock()}
+    app[SETTINGS_KEY] = settings
+    loaded = Path(model_path).expanduser().resolve() if model_path else None
+    app[STATE_KEY] = {
+        "model_path": str(model_path),
+        "weights_path": loaded,
+        "update_lock": asyncio.Lock(),
+    }
     app.router.add_post("/generate", generate)
     app.router.add_post("/pause_generation", pause_generation)
     app.router.add_post("/continue_generation", continue_generation)
@@ -271,15 +339,28 @@ async def start_server(
     engine: HFEngine | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
+    api_key: str | None = None,
+    weights_root: Iterable[str | Path] = (),
+    max_new_tokens_cap: int | None = None,
     **engine_kwargs: Any,
 ) -> ServerHandle:
-    """Serve ``engine`` (or a new one from ``model_dir``) on the running loop; ``port=0`` = free port."""
+    """Serve ``engine`` (or a new one from ``model_dir``) on the running loop; ``port=0`` = free port.
+
+    ``api_key``: required on every endpoint but health (and to bind a non-loopback ``host``);
+    ``weights_root``: folders weight updates may load from, besides ``model_dir``'s parent;
+    ``max_new_tokens_cap``: the most tokens one request may ask for (besides the context's limit).
+    """
+    check_exposure(host, clean_api_key(api_key))
     owns_engine = engine is None
     if engine is None:
         if model_dir is None:
             raise ValueError("start_server needs model_dir or engine")
         engine = await asyncio.to_thread(HFEngine.from_pretrained, model_dir, **engine_kwargs)
-    runner = web.AppRunner(create_app(engine, str(model_dir or "")), access_log=None)
+    settings = make_settings(
+        engine, model_dir, api_key=api_key, weights_root=weights_root,
+        max_new_tokens_cap=max_new_tokens_cap,
+    )  # fmt: skip
+    runner = web.AppRunner(create_app(engine, str(model_dir or ""), settings), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -289,17 +370,32 @@ async def start_server(
 
 
 def serve(
-    model_dir: str | Path, host: str = "127.0.0.1", port: int = 30000, **engine_kwargs: Any
+    model_dir: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    *,
+    api_key: str | None = None,
+    weights_root: Iterable[str | Path] = (),
+    max_new_tokens_cap: int | None = None,
+    **engine_kwargs: Any,
 ) -> None:
-    """Serve until interrupted (SIGINT/SIGTERM); blocking."""
+    """Serve until interrupted (SIGINT/SIGTERM); blocking. Arguments as :func:`start_server`'s."""
+    check_exposure(host, clean_api_key(api_key))
     engine = HFEngine.from_pretrained(model_dir, **engine_kwargs)
-    app = create_app(engine, str(model_dir))
+    settings = make_settings(
+        engine, model_dir, api_key=api_key, weights_root=weights_root,
+        max_new_tokens_cap=max_new_tokens_cap,
+    )  # fmt: skip
+    app = create_app(engine, str(model_dir), settings)
 
     async def close_engine(_: web.Application) -> None:
         await asyncio.to_thread(engine.close)
 
     app.on_cleanup.append(close_engine)
-    logger.info("serving %s on http://%s:%d", model_dir, host, port)
+    logger.info(
+        "serving %s on http://%s:%d (API key %s; weight roots %s)", model_dir, host, port,
+        "required" if settings.api_key else "off", [str(r) for r in settings.weights_roots],
+    )  # fmt: skip
     web.run_app(app, host=host, port=port, print=None, access_log=None)
 
 
@@ -321,6 +417,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chunk-tokens", type=int, default=16)
     p.add_argument("--seed", "--random-seed", dest="seed", type=int, default=0)
     p.add_argument("--torch-threads", type=int, default=None)
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"bearer token required on every endpoint but /health (default: ${API_KEY_ENV}); "
+        "required to bind a non-loopback host",
+    )
+    p.add_argument(
+        "--weights-root",
+        action="append",
+        default=[],
+        help="a folder /update_weights_from_disk may load from (repeatable; the model folder's "
+        "parent is always allowed)",
+    )
+    p.add_argument(
+        "--max-new-tokens-cap",
+        type=int,
+        default=None,
+        help="most tokens one request may generate (default: the context left after the prompt)",
+    )
     p.add_argument("--tp-size", type=int, default=1, help="SGLang flag; must be 1 here")
     p.add_argument("--mem-fraction-static", type=float, default=None, help="SGLang flag; ignored")
     p.add_argument(
@@ -330,6 +445,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tp_size != 1:
         p.error("--tp-size must be 1: this server runs one in-process model")
+    if args.max_new_tokens_cap is not None and args.max_new_tokens_cap < 1:
+        p.error("--max-new-tokens-cap must be >= 1")
+    try:
+        check_exposure(args.host, clean_api_key(args.api_key))
+    except ValueError as exc:
+        p.error(str(exc))
     return args
 
 
@@ -337,7 +458,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     serve(
-        args.model, args.host, args.port, dtype=_DTYPES[args.dtype], device=args.device,
+        args.model, args.host, args.port, api_key=args.api_key, weights_root=args.weights_root,
+        max_new_tokens_cap=args.max_new_tokens_cap, dtype=_DTYPES[args.dtype], device=args.device,
         max_batch_size=args.max_batch_size, chunk_tokens=args.chunk_tokens, seed=args.seed,
         torch_threads=args.torch_threads,
     )  # fmt: skip

@@ -78,7 +78,8 @@ class SGLangClient(HTTPEngineClient):
     def __init__(
         self, addresses: list[str], *, abort_on_update: bool = True, **kwargs: Any
     ) -> None:
-        """``kwargs``: :class:`HTTPEngineClient`'s (timeout_s, max_retries, retry_backoff_s, version)."""
+        """``kwargs``: :class:`HTTPEngineClient`'s (timeout_s, max_retries, retry_backoff_s,
+        version, api_key)."""
         super().__init__(addresses, **kwargs)
         self.abort_on_update = abort_on_update
 

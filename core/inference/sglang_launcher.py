@@ -6,6 +6,10 @@ group so :meth:`LaunchedServer.stop` also ends the scheduler/detokenizer process
 
 ``module`` defaults to ``sglang.launch_server``; ``core.inference.server`` accepts the same
 flags, which is how the launcher is tested on CPU.
+
+``api_key`` is passed as ``--api-key`` (both servers' flag; note that a command line is visible
+to other users of the machine) and sent with the health checks. Binding a non-loopback host
+without one is refused by our server.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class SGLangLaunchSpec:
     module: str = "sglang.launch_server"
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # added to the current environment
+    api_key: str | None = field(default=None, repr=False)  # --api-key; None = no key
 
     @property
     def url(self) -> str:
@@ -59,8 +64,10 @@ def build_command(spec: SGLangLaunchSpec) -> list[str]:
     ]  # fmt: skip
     if spec.skip_tokenizer_init:
         cmd.append("--skip-tokenizer-init")
-    cmd += ["--dtype", spec.dtype, *spec.extra_args]
-    return cmd
+    cmd += ["--dtype", spec.dtype]
+    if spec.api_key:
+        cmd += ["--api-key", spec.api_key]
+    return cmd + list(spec.extra_args)
 
 
 def _log_tail(path: Path, n_lines: int = 40) -> str:
@@ -70,9 +77,11 @@ def _log_tail(path: Path, n_lines: int = 40) -> str:
         return "(no log)"
 
 
-def _healthy(url: str) -> bool:
+def _healthy(url: str, api_key: str | None = None) -> bool:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+        request = urllib.request.Request(url + "/health", headers=headers)
+        with urllib.request.urlopen(request, timeout=2) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False
@@ -155,7 +164,7 @@ def launch(
                 f"server exited with code {proc.returncode} before it was healthy; "
                 f"log tail ({log_path}):\n{server.log_tail()}"
             )
-        if _healthy(spec.url):
+        if _healthy(spec.url, spec.api_key):
             logger.info("server healthy at %s (pid %d)", spec.url, proc.pid)
             return server
         time.sleep(poll_s)

@@ -92,7 +92,8 @@ class VLLMClient(HTTPEngineClient):
         resume_path: str | None = None,
         **kwargs: Any,
     ) -> None:
-        """``kwargs``: :class:`HTTPEngineClient`'s (timeout_s, max_retries, retry_backoff_s, version)."""
+        """``kwargs``: :class:`HTTPEngineClient`'s (timeout_s, max_retries, retry_backoff_s,
+        version, api_key)."""
         super().__init__(addresses, **kwargs)
         self.model_name = model_name
         self.weight_update_path = weight_update_path

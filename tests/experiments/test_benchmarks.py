@@ -10,6 +10,7 @@ import pytest
 
 from experiments.benchmarks import async_vs_sync as avs
 from experiments.benchmarks import orchestration_overhead as ovh
+from experiments.benchmarks import server_soak as soak
 
 
 def _row(eta: int, threads: int, samples: float, gen: float, train: float, step: float) -> dict:
@@ -140,3 +141,29 @@ def test_async_vs_sync_runs_end_to_end(tmp_path: Path) -> None:
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
     history = client.get_metric_history(child.info.run_id, "staleness/max")
     assert [m.step for m in history] == [0, 1, 2]
+
+
+def test_soak_memory_summary_counts_from_the_warmup() -> None:
+    samples = [(0.0, 100.0), (1.0, 300.0), (2.0, 300.0), (3.0, 301.0), (4.0, 302.0)]
+    memory = soak.memory_summary(samples, warmup_s=1.0)
+    assert memory["rss_start_mib"] == 300.0 and memory["rss_growth_mib"] == 2.0
+    assert memory["rss_peak_mib"] == 302.0
+    assert memory["rss_slope_mib_per_min"] == pytest.approx(60 * 0.7)
+    with pytest.raises(SystemExit):
+        soak.parse_args(["--max-new-tokens", "65"])  # above the default cap of 64
+
+
+@pytest.mark.integration
+def test_server_soak_smoke(tmp_path: Path) -> None:
+    """A few seconds of mixed load: every answer as expected, JSON and plot written."""
+    result = soak.main(
+        ["--seconds", "3", "--valid-clients", "2", "--malformed-clients", "2", "--warmup-s", "0",
+         "--max-new-tokens", "4", "--out", str(tmp_path)]
+    )  # fmt: skip
+    totals = result["summary"]["totals"]
+    assert totals["unexpected"] == 0, result["summary"]["rows"]
+    assert totals["valid_sent"] > 0 and totals["malformed_sent"] > 0
+    assert result["meta"]["server_alive_at_end"] and result["memory"]["rss_peak_mib"] > 0
+    saved = json.loads((tmp_path / "server_soak.json").read_text())
+    assert saved["summary"]["totals"] == totals
+    assert (tmp_path / "server_soak.png").stat().st_size > 0
