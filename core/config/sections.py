@@ -185,6 +185,12 @@ class RolloutConfig:
     tool_timeout_s: float = documented(
         5.0, "Tool-agent workflow: wall-time limit of one sandboxed python call."
     )
+    sandbox: str = documented(
+        "strict",
+        "Tool-agent workflow: when the kernel lacks a sandbox feature for the python tool "
+        "(user/PID/network/IPC/mount namespaces, seccomp): 'strict' refuses to run tool code, "
+        "naming what is missing; 'best_effort' runs it with what exists and warns once.",
+    )
 
 
 @dataclass
@@ -237,6 +243,11 @@ class CheckpointConfig:
     )
     every_n_steps: int = documented(20, "Checkpoint every N RL steps (0 = only at the end).")
     keep_last: int = documented(2, "Committed checkpoints to keep.")
+    on_signal: bool = documented(
+        False,
+        "On SIGTERM/SIGINT during RL, commit a final checkpoint before stopping when the loop is "
+        "waiting for a batch (the learner idle); a signal during an update writes none.",
+    )
     recover: str = documented(
         "off",
         "'off' or 'auto': resume from the newest valid committed checkpoint (a torn or corrupt "

@@ -82,6 +82,7 @@ class ProcessActor:
         self.process.start()
         child.close()
         self._lock = threading.Lock()
+        self._unanswered: str | None = None  # a call sent whose answer was not read yet
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.start_timeout_s = start_timeout_s
         if wait:
@@ -101,14 +102,24 @@ class ProcessActor:
         with self._lock:
             if not self.process.is_alive():
                 raise ActorError(f"{self.name} (pid {self.process.pid}) is not running")
+            if self._unanswered is not None:  # an earlier call's wait was interrupted (a signal)
+                logger.info(
+                    "%s: waiting for the interrupted %s() first", self.name, self._unanswered
+                )
+                self._receive(self._unanswered)
             self._conn.send((method, args, kwargs))
-            try:
-                status, value = self._conn.recv()
-            except EOFError:
-                raise ActorError(f"{self.name} died during {method}()") from None
+            self._unanswered = method
+            status, value = self._receive(method)
+            self._unanswered = None
         if status == "error":
             raise ActorError(f"{self.name}.{method}() failed:\n{value}")
         return value
+
+    def _receive(self, method: str) -> tuple[str, Any]:
+        try:
+            return self._conn.recv()
+        except EOFError:
+            raise ActorError(f"{self.name} died during {method}()") from None
 
     def call_async(self, method: str, *args: Any, **kwargs: Any) -> cf.Future:
         return self._pool.submit(self.call, method, *args, **kwargs)

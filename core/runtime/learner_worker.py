@@ -160,6 +160,10 @@ class LearnerWorker:
             self.critic.load_checkpoint(f"{url}/critic")
         return self.policy.version
 
+    def version(self) -> int:
+        """The policy's version: how many updates it has taken."""
+        return self.policy.version
+
     def is_main(self) -> bool:
         return is_main()
 

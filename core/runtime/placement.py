@@ -8,9 +8,13 @@ Either way the rollout side is a separate process from the learner, so they run 
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import contextlib
 import logging
 import os
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from core.config import Config
@@ -28,22 +32,38 @@ def ensure_ray(config: Config) -> None:
 
     if ray.is_initialized():
         return
-    if config.cluster.ray_address:
-        ray.init(address=config.cluster.ray_address, log_to_driver=False)
+    with _keep_sigterm_handler():
+        if config.cluster.ray_address:
+            ray.init(address=config.cluster.ray_address, log_to_driver=False)
+            return
+        cpus = config.scheduler.rollout_cpus + config.scheduler.learner_cpus
+        ray.init(
+            num_cpus=max(1, int(round(cpus))),
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={
+                "env_vars": {
+                    "PYTHONPATH": os.pathsep.join(
+                        filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])
+                    )
+                }
+            },
+        )
+
+
+@contextlib.contextmanager
+def _keep_sigterm_handler() -> Iterator[None]:
+    """``ray.init`` installs a native SIGTERM handler in the driver that aborts it (exit -6,
+    no cleanup); put back the handler that was there (the CLI's, which unwinds the job)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    cpus = config.scheduler.rollout_cpus + config.scheduler.learner_cpus
-    ray.init(
-        num_cpus=max(1, int(round(cpus))),
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={
-            "env_vars": {
-                "PYTHONPATH": os.pathsep.join(
-                    filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])
-                )
-            }
-        },
-    )
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
 
 
 def start_rollout(
@@ -79,10 +99,18 @@ class LearnerGroup:
 
     def __init__(self, ranks: Sequence[Actor]) -> None:
         self.ranks = list(ranks)
+        self._in_flight: list[cf.Future] = []
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        futures = [rank.call_async(method, *args, **kwargs) for rank in self.ranks]
-        return [f.result() for f in futures][0]
+        # The ranks work on their own threads or processes: a signal that interrupts this wait
+        # leaves the call running to completion (see wait_idle), never half-applied.
+        self._in_flight = [rank.call_async(method, *args, **kwargs) for rank in self.ranks]
+        return [f.result() for f in self._in_flight][0]
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait for the last call to finish on every rank; False if it is still running."""
+        _, pending = cf.wait(self._in_flight, timeout=timeout_s)
+        return not pending
 
     def close(self) -> None:
         for rank in self.ranks:

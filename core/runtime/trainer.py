@@ -118,6 +118,8 @@ class Trainer:
         self.evals: list[dict[str, Any]] = []
         self._started = time.perf_counter()
         self._paused = 0.0
+        self._saved = 0  # the version of the last committed checkpoint
+        self._rollout_state: dict[str, Any] | None = None  # for a checkpoint on a signal
         self.batches_path = local_path(join(config.run_dir, "batches.jsonl"))
         self.batches_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -147,8 +149,14 @@ class Trainer:
             }
             run_started = self._started = time.perf_counter()
             self._paused = 0.0  # eval and checkpoint seconds since the RL clock started
+            self._saved = start
             for step in range(start, cfg.learner.total_steps):
-                version = self._step(step, learners, rollout, totals)
+                try:
+                    version = self._step(step, learners, rollout, totals)
+                except BaseException as stop:
+                    if not isinstance(stop, Exception):  # SIGTERM/Ctrl-C, Prefect's signals
+                        self._checkpoint_on_signal(learners, rollout, version)
+                    raise
                 last = step + 1 == cfg.learner.total_steps
                 if self._due(cfg.eval.every_n_steps, step) and not last:
                     self._evaluate(rollout, version)
@@ -177,6 +185,9 @@ class Trainer:
         self, step: int, learners: LearnerGroup, rollout: Any, totals: dict[str, float]
     ) -> int:
         cfg, algo = self.config, self.config.algorithm
+        if cfg.checkpoint.on_signal and self._rollout_state is None:
+            # what a checkpoint at this version records: taken before the batch is drawn
+            self._rollout_state = rollout.call("state_dict")
         t0 = time.perf_counter()
         groups: list[Group] = rollout.call("prepare_batch", cfg.rollout.stall_timeout_s)
         t_wait = time.perf_counter() - t0
@@ -188,6 +199,7 @@ class Trainer:
         )
         stats = learners.call("rl_update", batch)
         version = int(stats["version"])
+        self._rollout_state = None  # the step's batch is trained: a checkpoint needs a new state
         t_train = time.perf_counter() - t0 - t_wait
         publish_s = self._publish(learners, rollout, version)
         wall = time.perf_counter() - t0
@@ -286,7 +298,13 @@ class Trainer:
         if self.on_eval is not None:
             self.on_eval(version, result["accuracy"])
 
-    def _checkpoint(self, learners: LearnerGroup, rollout: Any, version: int) -> None:
+    def _checkpoint(
+        self,
+        learners: LearnerGroup,
+        rollout: Any,
+        version: int,
+        rollout_state: dict[str, Any] | None = None,
+    ) -> None:
         t0 = time.perf_counter()
         path = self.ckpt.path(version)
         self.ckpt.begin(version)
@@ -294,14 +312,42 @@ class Trainer:
         self._write_hf(learners, version, join(path, "hf"))
         recover = {
             "version": version,
-            "rollout": rollout.call("state_dict"),
+            "rollout": rollout_state if rollout_state is not None else rollout.call("state_dict"),
             "rng": _rng_state(),
             "config_hash": config_hash(self.config),
             "config": run_params(self.config),
             "evals": self.evals,
         }
         self.ckpt.commit(version, recover)
+        self._saved = version
         self._paused += time.perf_counter() - t0
+
+    def _checkpoint_on_signal(self, learners: LearnerGroup, rollout: Any, version: int) -> None:
+        """``checkpoint.on_signal``: the run is stopping on a signal; keep its progress.
+
+        The signal interrupted the driver's wait, never the learner ranks' work (they run on
+        their own threads or processes): the step's learner call is let finish first. If the
+        learner took no update in this step, the checkpoint is the step's starting version with
+        the rollout state taken before its batch was drawn (the rollout worker, perhaps still in
+        the interrupted ``prepare_batch``, is not asked); if it did, the checkpoint is the new
+        version with the rollout state as it is now (the batch consumed).
+        """
+        if not self.config.checkpoint.on_signal:
+            return
+        try:
+            if not learners.wait_idle(timeout_s=300):
+                logger.warning(
+                    "stopping: the learner is still busy after 300 s; no final checkpoint"
+                )
+                return
+            trained = int(learners.call("version"))
+            if trained <= self._saved:
+                return
+            state = self._rollout_state if trained == version else None
+            logger.warning("stopping on a signal: final checkpoint at version %d", trained)
+            self._checkpoint(learners, rollout, trained, rollout_state=state)
+        except Exception:  # the run is stopping anyway: say so and let the signal win
+            logger.exception("the final checkpoint failed")
 
     def _recover(self) -> tuple[int, str, dict[str, Any] | None]:
         """(start version, folder to start the engine from, rollout state) — fresh or resumed.

@@ -18,6 +18,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from core.config import load_config
+from core.runtime.checkpointing import CheckpointManager
+from core.runtime.job import run_experiment
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,8 +104,8 @@ def test_sigterm_during_sft_in_the_flow_stops_prefects_server(tmp_path: Path) ->
     _assert_all_stopped(children)
 
 
-def test_sigterm_during_rl_stops_the_rollout_worker(tmp_path: Path) -> None:
-    overrides = ["sft.enabled=false", "learner.total_steps=500"]
+def test_sigterm_during_rl_stops_the_rollout_worker_and_checkpoints(tmp_path: Path) -> None:
+    overrides = ["sft.enabled=false", "learner.total_steps=500", "checkpoint.on_signal=true"]
     # the rollout worker is a spawned multiprocessing child
     code, stderr, children = _terminate_when(
         overrides, tmp_path, "reward/mean", "spawn_main", options=("--plain",)
@@ -109,3 +113,24 @@ def test_sigterm_during_rl_stops_the_rollout_worker(tmp_path: Path) -> None:
     assert code == 143, stderr[-3000:]
     assert "terminated (SIGTERM)" in stderr
     _assert_all_stopped(children)
+    # checkpoint.on_signal: a final checkpoint, committed, that a resumed run starts from
+    ckpt = CheckpointManager(str(tmp_path / "quickstart" / "t" / "checkpoints"))
+    version = ckpt.latest()
+    assert version is not None and version >= 1, stderr[-3000:]
+    assert "final checkpoint at version" in stderr and ckpt.problems(version) == []
+    resumed = load_config(
+        QUICKSTART,
+        [*SMALL, "sft.enabled=false", f"cluster.fileroot={tmp_path}", "experiment.trial=t",
+         f"learner.total_steps={version + 1}", "checkpoint.recover=auto"],
+    )  # fmt: skip
+    assert run_experiment(resumed)["steps"] == 1
+
+
+@pytest.mark.integration
+def test_sigterm_with_the_ray_scheduler_stops_ray(tmp_path: Path) -> None:
+    overrides = ["sft.enabled=false", "learner.total_steps=500", "scheduler.type=ray"]
+    code, stderr, children = _terminate_when(
+        overrides, tmp_path, "reward/mean", "raylet", options=("--plain",)
+    )
+    assert code == 143, stderr[-3000:]
+    _assert_all_stopped(children)  # raylet, GCS, the actors' workers
