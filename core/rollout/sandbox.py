@@ -1,39 +1,40 @@
-"""Run model-written Python in a separate, limited process (the ``<python>`` tool).
+"""Run model-written Python in a jailed, limited process (the ``<python>`` tool).
 
-What a call gets: a fresh ``python -I -S -B -u`` (stdlib only: no site-packages, no PYTHON*
-variables, no cwd on ``sys.path``) in a new session, cwd and HOME in a fresh temp dir that is
-deleted afterwards, an environment of three variables (no inherited AWS_* keys or tokens), and:
+The boundary is the kernel's, set up by :mod:`core.rollout.sandbox_kernel` before the tool's
+interpreter starts, so nothing the tool code does in Python can lift it:
 
-* limits: wall time (the whole process group is SIGKILLed on expiry), ``RLIMIT_AS`` (memory),
-  ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_CORE=0``, and ``RLIMIT_NPROC=0``
-  (no fork and no threads, unless the parent runs as root: the kernel exempts uid 0);
-* network: a new, empty network namespace, ``unshare()`` in the child before exec: with a new
-  user namespace when allowed (which also strips the child of host capabilities when we run as
-  root), else a network namespace alone (needs root). Probed once and logged; a probed mode is
-  then required (fail closed). Without either, only the audit hook blocks the network;
-* an audit hook (PEP 578, cannot be removed) installed before the user code, which raises
-  PermissionError on: non-AF_UNIX sockets, DNS lookups, unix sockets outside the temp dir;
-  writes/creates/renames/deletes/chmods outside the temp dir; opening directories or other
-  processes' ``/proc/<pid>`` files outside it; fork, exec, subprocess, os.system, posix_spawn,
-  kill; ctypes, sub-interpreters, shared memory, setrlimit, gc introspection.
+* uid/gid 65534 ("nobody") through a user namespace, no capabilities, ``no_new_privs``; when
+  the trainer runs as root it drops to uid 65534 first, so root-owned files are not the tool's;
+* own PID, network (empty: only ``lo``), IPC and UTS namespaces: no other process to see,
+  signal or ptrace; no host TCP/UDP ports, no abstract unix sockets;
+* own mount namespace: a read-only root holding only ``/usr``, ``/lib*``, the interpreter, five
+  device nodes and ``/proc`` of its own PID namespace; the cwd, HOME and TMPDIR ``/sandbox`` is
+  a tmpfs capped at ``max_disk_mb`` (noexec), gone with the namespace, however the call ends;
+* seccomp: no unix/packet/vsock sockets, mknod/mkfifo, ptrace, mount, namespaces, bpf,
+  io_uring, keyrings, module loading, ...;
+* rlimits: ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``,
+  ``RLIMIT_CORE=0``, ``RLIMIT_NPROC=0`` (no fork, no threads); a wall-time limit after which
+  the whole tree is SIGKILLed; parent-death signals at every level, so a tool process never
+  outlives the rollout process, even one killed with SIGKILL.
 
-What it does NOT protect against (it is not a security boundary against a determined attacker):
-the audit hook lives in the same interpreter as the code it watches, so monkeypatching ``os``/
-``posixpath`` helpers, path objects whose ``__fspath__`` changes between calls, C extensions that
-call libc directly, or interpreter bugs can get past it. Reads are allowed everywhere the OS
-allows (the stdlib must load), so world-readable files (and, as root, every file) can be read.
-There is no disk quota (only a per-file size), no PID/cgroup accounting, and as root
-``RLIMIT_NPROC`` is not enforced by the kernel. Production should run tools in a real isolation
-layer (a throwaway container with no network, gVisor, firejail/nsjail, or a remote sandbox
-service) and treat this module as defence in depth and as the local/test implementation.
+Each call is a fresh ``python -I -S -B -u`` (stdlib only, no PYTHON* variables, no cwd on
+``sys.path``) with an environment of three variables. An audit hook (PEP 578) installed before
+the user code still refuses sockets, writes outside the workdir, subprocesses and ctypes, for
+clearer errors and as defence in depth; it is not what the isolation rests on.
+
+Where the kernel lacks a feature (:data:`FEATURES`; probed once per process and logged),
+``SandboxLimits.isolation`` decides: ``"strict"`` (the default) refuses to run tool code and
+says what is missing; ``"best_effort"`` runs it with what exists and warns once, naming what is
+missing. Without a mount namespace the workdir is a host temp dir, removed after the call (not
+when the trainer is SIGKILLed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import functools
+import json
 import logging
 import os
 import resource
@@ -43,26 +44,30 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from core.rollout.sandbox_kernel import FEATURES, NOBODY, WORKDIR
+from core.rollout.sandbox_prelude import PRELUDE as _PRELUDE  # tests swap it: keep the name
 
 log = logging.getLogger(__name__)
 
-_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
-_NAMESPACES = {"user+network": _CLONE_NEWUSER | _CLONE_NEWNET, "network": _CLONE_NEWNET}
+ISOLATION_MODES = ("strict", "best_effort")
+_JAIL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_kernel.py")
 _STDERR_TAIL_BYTES = 4096
 _MAX_CODE_BYTES = 1 << 20
 _IO_GRACE_S = 1.0
+_PROBE_TIMEOUT_S = 30.0
 _PYTHON_FLAGS = ("-I", "-S", "-B", "-u", "-X", "utf8")
+_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 
 @dataclass
 class SandboxLimits:
-    """Resource limits for one ``run_python`` call."""
+    """Resource limits and the isolation policy for one ``run_python`` call."""
 
     wall_time_s: float = field(
         default=5.0,
-        metadata={"help": "Wall-clock limit; the process group is killed when it expires."},
+        metadata={"help": "Wall-clock limit; the process tree is killed when it expires."},
     )
     cpu_time_s: int = field(default=5, metadata={"help": "CPU-seconds limit (RLIMIT_CPU)."})
     memory_mb: int = field(
@@ -74,6 +79,22 @@ class SandboxLimits:
     max_file_mb: int = field(
         default=8, metadata={"help": "Largest file the code may write, in MiB (RLIMIT_FSIZE)."}
     )
+    max_disk_mb: int = field(
+        default=64, metadata={"help": "Size of the tmpfs workdir, all files together, in MiB."}
+    )
+    isolation: str = field(
+        default="strict",
+        metadata={
+            "help": "When the kernel lacks a sandbox feature: 'strict' refuses to run tool "
+            "code, 'best_effort' runs it with what exists (warning once)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATION_MODES:
+            raise ValueError(
+                f"sandbox isolation must be one of {ISOLATION_MODES}, got {self.isolation!r}"
+            )
 
 
 @dataclass
@@ -87,159 +108,191 @@ class ToolResult:
     wall_s: float
 
 
+@dataclass(frozen=True)
+class Isolation:
+    """What the jail sets up on this machine: feature names available, and why others are not."""
+
+    available: frozenset[str]
+    missing: dict[str, str]
+
+    def describe_missing(self) -> str:
+        return "; ".join(f"{name} ({why})" for name, why in sorted(self.missing.items()))
+
+
 DEFAULT_LIMITS = SandboxLimits()
 
-# Runs in the child before the user code (stdin carries the source). Keep it stdlib-only.
-_PRELUDE = r"""
-import linecache, os, posix, resource, socket, stat, sys, traceback, types, _posixsubprocess
-DENY = {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
-        "subprocess.Popen", "os.kill", "os.killpg", "os.symlink", "resource.setrlimit",
-        "resource.prlimit", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
-        "ctypes.dlopen", "ctypes.dlsym", "ctypes.call_function", "socket.getaddrinfo",
-        "socket.gethostbyname", "socket.gethostbyaddr", "socket.getnameinfo",
-        "socket.sethostname", "sqlite3.enable_load_extension", "sqlite3.load_extension"}
-NO_IMPORT = {"_ctypes", "_posixsubprocess", "_posixshmem", "_xxsubinterpreters", "_testcapi",
-             "_testinternalcapi", "_ctypes_test", "_xxtestfuzz"}
-# event -> (index of a path argument, index of its dir_fd argument or None), ...
-PATHS = {"os.remove": ((0, 1),), "os.rmdir": ((0, 1),), "os.mkdir": ((0, 2),),
-         "os.rename": ((0, 2), (1, 3)), "os.link": ((0, 2), (1, 3)), "os.chmod": ((0, 2),),
-         "os.chown": ((0, 3),), "os.utime": ((0, 3),), "os.truncate": ((0, None),),
-         "os.setxattr": ((0, None),), "os.removexattr": ((0, None),), "shutil.rmtree": ((0, 1),)}
-ADDRESS = {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"}
 
-def make_hook(root, pid):  # helpers bound now: rebinding os.path.realpath etc. later has no effect
-    realpath, join, fsdecode, getcwd, readlink = os.path.realpath, os.path.join, os.fsdecode, posix.getcwd, posix.readlink
-    stat_, isdir, wflags = posix.stat, stat.S_ISDIR, os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-    def resolve(path, dir_fd=None):
-        if isinstance(path, int):
-            return readlink(f"/proc/self/fd/{path}")
-        base = readlink(f"/proc/self/fd/{dir_fd}") if isinstance(dir_fd, int) and dir_fd >= 0 else getcwd()
-        return realpath(join(base, fsdecode(path)))
-    def inside(path, dir_fd=None):
-        p = resolve(path, dir_fd)
-        return p == root or p.startswith(root + "/")
-    def readable(path):  # not other processes' /proc entries, no directory fds outside root
-        p = resolve(path)
-        parts = p.split("/")
-        if len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit() and parts[2] != pid:
-            return False
-        try:
-            return inside(p) or not isdir(stat_(p).st_mode)
-        except OSError:
-            return True
-    def allowed(event, args):
-        if event == "open":
-            path, mode, flags = args
-            write = (isinstance(mode, str) and not set(mode).isdisjoint("wax+")) or flags & wflags
-            if isinstance(path, int):
-                return True
-            return (inside(path) or resolve(path) == "/dev/null") if write else readable(path)
-        if event in PATHS:
-            return all(inside(args[i], None if j is None else args[j]) for i, j in PATHS[event])
-        if event in ADDRESS:
-            a = args[1]
-            return a is None or (isinstance(a, (str, bytes)) and a[:1] not in ("", b"", "\0", b"\0") and inside(a))
-        if event == "sqlite3.connect":
-            db = fsdecode(args[0])
-            return db in ("", ":memory:") or (not db.startswith("file:") and inside(db))
-        if event == "import":
-            return args[0] not in NO_IMPORT
-        return args[1] == socket.AF_UNIX if event == "socket.__new__" else event not in DENY
-    def hook(event, args):
-        if not allowed(event, args):
-            what = args[0] if args and isinstance(args[0], (str, bytes, int)) else ""
-            raise PermissionError(f"sandbox: {event} {what!r} is not allowed")
-    return hook
-
-def no_subprocess(*args, **kwargs):
-    raise PermissionError("sandbox: subprocesses are not allowed")
-
-def main():
-    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-    _posixsubprocess.fork_exec = no_subprocess  # it forks without raising an audit event
-    src = sys.stdin.buffer.read().decode("utf-8", "replace")
-    sys.argv, sys.modules["__main__"] = ["main.py"], (mod := types.ModuleType("__main__"))
-    linecache.cache["main.py"] = (len(src), None, src.splitlines(True), "main.py")
-    sys.addaudithook(make_hook(posix.getcwd(), str(posix.getpid())))
-    try:
-        exec(compile(src, "main.py", "exec"), mod.__dict__)
-    except SystemExit:
-        raise
-    except BaseException as exc:
-        if isinstance(exc, MemoryError):
-            mod.__dict__.clear()  # free the user's objects so the traceback can be printed
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != "main.py":
-            tb = tb.tb_next  # drop this prelude's frames
-        traceback.print_exception(type(exc), exc, tb)
-        sys.exit(1)
-
-main()
-"""
+@functools.cache
+def _interpreter() -> str:
+    """The real interpreter binary (a venv's python is a link to it; -S skips the venv)."""
+    return os.path.realpath(sys.executable)
 
 
 @functools.cache
-def _libc_unshare() -> Callable[[int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    return getattr(ctypes.CDLL(None, use_errno=True), "unshare", None)
+def _view() -> tuple[dict[str, str], ...]:
+    """What the tool's read-only root holds: system dirs, the interpreter's prefix, devices."""
+    entries: list[dict[str, str]] = []
+    bound: list[str] = []
+    for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            entries.append({"kind": "symlink", "path": top, "target": os.readlink(top)})
+        elif os.path.isdir(top):
+            entries.append({"kind": "dir", "path": top})
+            bound.append(top)
+    prefixes = {sys.base_prefix, sys.base_exec_prefix, os.path.dirname(_interpreter())}
+    for path in sorted(os.path.realpath(p) for p in prefixes):
+        if not any(path == b or path.startswith(b + "/") for b in bound):
+            entries.append({"kind": "dir", "path": path})
+            bound.append(path)
+    if os.path.isfile("/etc/ld.so.cache"):
+        entries.append({"kind": "file", "path": "/etc/ld.so.cache"})
+    entries += [{"kind": "dev", "path": dev} for dev in _DEVICES if os.path.exists(dev)]
+    return tuple(entries)
 
 
-def _probe_unshare(flags: int) -> str:
-    """'' if a fresh child may ``unshare(flags)``, else why not."""
-    probe = f"import ctypes, os\nif ctypes.CDLL(None, use_errno=True).unshare({flags}): os._exit(ctypes.get_errno())"
+def _jail_config(
+    limits: SandboxLimits, want: set[str], status_fd: int, host_workdir: str | None
+) -> dict:
+    mib, cpu = 1024 * 1024, limits.cpu_time_s
+    workdir = host_workdir or WORKDIR
+    return {
+        "want": sorted(want),
+        "required": sorted(want),
+        "status_fd": status_fd,
+        "parent": os.getpid(),
+        "view": list(_view()),
+        "disk_bytes": limits.max_disk_mb * mib,
+        "host_workdir": host_workdir or "",
+        "rlimits": [
+            (resource.RLIMIT_AS, limits.memory_mb * mib, limits.memory_mb * mib),
+            (resource.RLIMIT_CPU, cpu, cpu + 1),
+            (resource.RLIMIT_FSIZE, limits.max_file_mb * mib, limits.max_file_mb * mib),
+            (resource.RLIMIT_NOFILE, 32, 32),
+            (resource.RLIMIT_CORE, 0, 0),
+            (resource.RLIMIT_NPROC, 0, 0),
+        ],
+        "argv": [_interpreter(), *_PYTHON_FLAGS, "-c", _PRELUDE],
+        "env": {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin"},
+    }
+
+
+def _set_rlimits(rlimits: list[tuple[int, int, int]]) -> None:
+    for which, soft, hard in rlimits:
+        resource.setrlimit(which, (soft, hard))
+
+
+def _jail_argv(config: dict) -> list[str]:
+    return [_interpreter(), "-I", "-S", "-B", _JAIL, json.dumps(config)]
+
+
+@dataclass
+class _Status:
+    """What the jail wrote on its status pipe."""
+
+    missing: dict[str, str] = field(default_factory=dict)
+    fatal: str = ""
+    signal: int = 0
+
+    @classmethod
+    def parse(cls, data: bytes) -> _Status:
+        status = cls()
+        for line in data.decode("utf-8", "replace").splitlines():
+            kind, _, rest = line.partition(" ")
+            name, _, why = rest.partition(" ")
+            if kind == "missing":
+                status.missing[name] = why
+            elif kind == "fatal":
+                status.fatal = f"{name}: {why}"
+            elif kind == "signal" and name.isdigit():
+                status.signal = int(name)
+        return status
+
+
+def _read_status(fd: int) -> _Status:
+    """What is in the pipe now (its writers have exited or closed it on exec)."""
+    os.set_blocking(fd, False)
+    chunks = []
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    os.close(fd)
+    return _Status.parse(b"".join(chunks))
+
+
+def _probe_once(want: set[str]) -> tuple[set[str], dict[str, str]]:
+    """Run ``print('ok')`` in a jail that wants ``want``; which of them it got, and why not."""
+    limits = SandboxLimits(isolation="best_effort")
+    host_workdir = _make_host_workdir()
+    status_r, status_w = os.pipe()
+    config = _jail_config(limits, want, status_w, host_workdir) | {"required": []}
     try:
-        rc = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", probe],
-            stdin=subprocess.DEVNULL,
+        proc = subprocess.run(
+            _jail_argv(config),
+            input=b"print('ok')",
             capture_output=True,
-            timeout=30,
-        ).returncode
+            cwd=host_workdir,
+            env={},
+            start_new_session=True,
+            pass_fds=(status_w,),
+            timeout=_PROBE_TIMEOUT_S,
+        )
+        rc, out, err = proc.returncode, proc.stdout, proc.stderr
     except (OSError, subprocess.SubprocessError) as exc:
-        return str(exc)
-    return "" if rc == 0 else os.strerror(rc) if rc > 0 else f"probe exit status {rc}"
+        rc, out, err = -1, b"", str(exc).encode()
+    finally:
+        os.close(status_w)
+        _remove_tree(host_workdir)
+    status = _read_status(status_r)
+    if rc == 0 and out == b"ok\n" and not status.fatal:
+        return want - set(status.missing), status.missing
+    tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit status {rc}"]
+    why = f"tool interpreter did not start: {status.fatal or tail[0]}"[:300]
+    return set(), dict.fromkeys(want, why)
 
 
 @functools.cache
-def namespace_flags() -> int:
-    """The ``unshare`` flags tool processes get here (0: none); probed once and logged."""
-    reasons = []
-    for name, flags in _NAMESPACES.items():
-        why = _probe_unshare(flags) if _libc_unshare() else "no unshare() on this platform"
-        if not why:
-            log.info("sandbox: tool code runs in a fresh %s namespace", name)
-            return flags
-        reasons.append(f"{name}: {why}")
-    log.warning(
-        "sandbox: no network namespace (%s); only the audit hook blocks the network",
-        "; ".join(reasons),
-    )
-    return 0
+def isolation() -> Isolation:
+    """The jail features this machine gives tool processes; probed once per process, logged."""
+    if not sys.platform.startswith("linux"):
+        return Isolation(frozenset(), dict.fromkeys(FEATURES, f"not Linux ({sys.platform})"))
+    want = set(FEATURES)
+    available, missing = _probe_once(want)
+    first = missing
+    # If the interpreter did not start, do without its view, then without uid 65534 too (which
+    # may not reach an interpreter under /root), keeping the first reason for what was dropped.
+    for drop in ("mount-namespace", "unprivileged-uid"):
+        if available:
+            break
+        want.discard(drop)
+        available, retry_missing = _probe_once(want)
+        missing = {name: first[name] for name in set(FEATURES) - want} | retry_missing
+    result = Isolation(frozenset(available), missing)
+    if result.missing:
+        log.warning("sandbox: this machine lacks %s", result.describe_missing())
+    else:
+        log.info("sandbox: tool code runs jailed (%s)", ", ".join(sorted(available)))
+    return result
 
 
 def netns_available() -> bool:
     """Whether tool processes get their own, empty network namespace on this machine."""
-    return bool(namespace_flags() & _CLONE_NEWNET)
+    return "network-namespace" in isolation().available
 
 
-def _preexec(limits: SandboxLimits, flags: int) -> Callable[[], None]:
-    """Child-side setup between fork and exec: only C calls, no locks, no logging."""
-    mib, cpu, unshare = 1024 * 1024, limits.cpu_time_s, _libc_unshare() if flags else None
-    rlimits = [
-        (resource.RLIMIT_AS, (limits.memory_mb * mib,) * 2),
-        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
-        (resource.RLIMIT_FSIZE, (limits.max_file_mb * mib,) * 2),
-        (resource.RLIMIT_NOFILE, (32, 32)),
-        (resource.RLIMIT_CORE, (0, 0)),
-    ]
+@functools.cache
+def _warn_once(mode: str, missing: str) -> None:
+    if mode == "strict":
+        log.error("sandbox: refusing to run tool code: this machine lacks %s", missing)
+    else:
+        log.warning("sandbox: running tool code without %s (rollout.sandbox=best_effort)", missing)
 
-    def setup() -> None:
-        if unshare is not None and unshare(flags) != 0:
-            raise OSError(ctypes.get_errno(), "unshare() failed")
-        for which, value in rlimits:
-            resource.setrlimit(which, value)
 
-    return setup
+def _make_host_workdir() -> str:
+    """A host temp dir for when there is no private tmpfs; the tool's uid may write it."""
+    workdir = os.path.realpath(tempfile.mkdtemp(prefix="asyncrl-sandbox-"))
+    if os.geteuid() == 0:
+        os.chown(workdir, NOBODY, NOBODY)
+    return workdir
 
 
 class _Capture:
@@ -263,9 +316,7 @@ class _Capture:
 
 
 async def _feed(stdin: asyncio.StreamWriter, data: bytes) -> None:
-    with contextlib.suppress(
-        BrokenPipeError, ConnectionResetError
-    ):  # a dead child's status says why
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # its status says why
         stdin.write(data)
         await stdin.drain()
         stdin.close()
@@ -296,42 +347,59 @@ def _describe(rc: int, stderr: str, limits: SandboxLimits) -> str:
 
 
 async def run_python(code: str, limits: SandboxLimits = DEFAULT_LIMITS) -> ToolResult:
-    """Run ``code`` as ``__main__`` in a fresh sandboxed process; never raises for user errors."""
+    """Run ``code`` as ``__main__`` in a fresh jailed process; never raises for user errors."""
     start = time.monotonic()
     source = code.encode("utf-8", "replace")
     if len(source) > _MAX_CODE_BYTES:
         return ToolResult(False, "", f"code too large ({len(source)} bytes)", False, 0.0)
-    workdir = os.path.realpath(tempfile.mkdtemp(prefix="asyncrl-sandbox-"))
+    iso = await asyncio.to_thread(isolation)
+    if iso.missing:
+        _warn_once(limits.isolation, iso.describe_missing())
+        if limits.isolation == "strict":
+            error = (
+                f"sandbox refused to run tool code: this machine lacks {iso.describe_missing()}; "
+                "set rollout.sandbox=best_effort to run it with less isolation"
+            )
+            return ToolResult(False, "", error, False, time.monotonic() - start)
+    host_workdir = None if "mount-namespace" in iso.available else _make_host_workdir()
     try:
-        return await _execute(source, limits, workdir, start)
+        return await _execute(source, limits, set(iso.available), host_workdir, start)
     finally:
-        await asyncio.to_thread(_remove_tree, workdir)
+        if host_workdir:
+            await asyncio.to_thread(_remove_tree, host_workdir)
 
 
-async def _execute(source: bytes, limits: SandboxLimits, workdir: str, start: float) -> ToolResult:
-    pipe, env = (
-        asyncio.subprocess.PIPE,
-        {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin"},
-    )
+async def _execute(
+    source: bytes, limits: SandboxLimits, want: set[str], host_workdir: str | None, start: float
+) -> ToolResult:
+    pipe = asyncio.subprocess.PIPE
+    status_r, status_w = os.pipe()
+    config = _jail_config(limits, want, status_w, host_workdir)
+    if sys.platform.startswith("linux"):
+        argv, env, preexec = _jail_argv(config), {}, None
+    else:  # no jail (best_effort only): the interpreter, rlimits and the audit hook
+        argv, env = config["argv"], config["env"]
+        preexec = functools.partial(_set_rlimits, config["rlimits"][:-1])  # NPROC: the prelude
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            *_PYTHON_FLAGS,
-            "-c",
-            _PRELUDE,
+            *argv,
             stdin=pipe,
             stdout=pipe,
             stderr=pipe,
-            cwd=workdir,
+            cwd=host_workdir or "/",
             env=env,
             start_new_session=True,
-            preexec_fn=_preexec(limits, namespace_flags()),
+            pass_fds=(status_w,),
+            preexec_fn=preexec,
         )
     except (OSError, subprocess.SubprocessError) as exc:
+        os.close(status_r)
         log.error("sandbox: could not start the tool process: %s", exc)
         return ToolResult(
             False, "", f"sandbox setup failed: {exc}", False, time.monotonic() - start
         )
+    finally:
+        os.close(status_w)
     assert proc.stdin and proc.stdout and proc.stderr  # all pipes
     out, err = _Capture(limits.max_output_bytes), _Capture(_STDERR_TAIL_BYTES, tail=True)
     io = asyncio.gather(_feed(proc.stdin, source), out.pump(proc.stdout), err.pump(proc.stderr))
@@ -341,15 +409,24 @@ async def _execute(source: bytes, limits: SandboxLimits, workdir: str, start: fl
     except TimeoutError:
         timed_out = True
     finally:
-        _kill_group(proc.pid)  # also on cancellation; strays in the group die with it
-    rc = await proc.wait()
+        _kill_group(proc.pid)  # also on cancellation; the rest die by parent-death signal
+        try:
+            if proc.returncode is None:
+                await asyncio.shield(proc.wait())
+        finally:
+            status = _read_status(status_r)
+    rc = proc.returncode
     try:
         await asyncio.wait_for(io, _IO_GRACE_S)
     except TimeoutError:
         log.warning("sandbox: output pipes of pid %d stayed open after exit", proc.pid)
     wall = time.monotonic() - start
     log.debug("sandbox: pid %d rc=%s timed_out=%s %.3fs", proc.pid, rc, timed_out, wall)
+    if status.fatal:
+        log.error("sandbox: setup failed: %s", status.fatal)
+        return ToolResult(False, "", f"sandbox setup failed: {status.fatal}", False, wall)
     if timed_out:
         return ToolResult(False, out.text(), f"timeout after {limits.wall_time_s} s", True, wall)
+    rc = -status.signal if status.signal else rc
     error = "" if rc == 0 else _describe(rc, err.text(), limits)
     return ToolResult(rc == 0, out.text(), error, False, wall)
