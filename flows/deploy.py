@@ -1,4 +1,5 @@
-"""Deployments a user triggers from the Prefect UI, and the nightly ablation on a cron schedule.
+"""Deployments a user triggers from the Prefect UI, and the nightly ablation on a cron schedule
+(in an explicit time zone, UTC unless ``asyncrl deploy --timezone`` says otherwise).
 
 Their entry points are the one place where a run starts from a config *path* and *overrides*
 (what the UI's run form edits): each parses them once and runs what the CLI runs.
@@ -15,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from prefect import serve
+from prefect.schedules import Cron
 
 from core.config import ConfigError, parse_config
 from core.redaction import redact_value
@@ -73,9 +75,15 @@ def ablation_from_yaml(
 
 
 def deployments(
-    config_path: str, overrides: list[str], cron: str, algorithms: list[str], seeds: int
+    config_path: str,
+    overrides: list[str],
+    cron: str,
+    algorithms: list[str],
+    seeds: int,
+    timezone: str = "UTC",
 ) -> list:
-    """The two deployments: ``experiment`` (on demand) and ``nightly-ablation`` (cron)."""
+    """The two deployments: ``experiment`` (on demand) and ``nightly-ablation`` (``cron`` in
+    ``timezone``, an IANA name: the UI shows the zone beside the time)."""
     return [
         experiment_from_yaml.to_deployment(
             name="experiment",
@@ -85,7 +93,7 @@ def deployments(
         ),
         ablation_from_yaml.to_deployment(
             name="nightly-ablation",
-            cron=cron,
+            schedule=Cron(cron, timezone=timezone),
             parameters={
                 "config_path": config_path,
                 "overrides": overrides,
@@ -104,7 +112,9 @@ def serve_deployments(
     cron: str = "0 2 * * *",
     algorithms: list[str] | None = None,
     seeds: int = 1,
+    timezone: str = "UTC",
 ) -> None:
     """Register and serve until interrupted (SIGTERM pauses the deployments' schedules)."""
     algorithms = list(algorithms or DEFAULT_ALGORITHMS)
-    serve(*deployments(config_path, list(overrides or []), cron, algorithms, seeds))
+    logger.info("nightly-ablation: cron %r in time zone %s", cron, timezone)
+    serve(*deployments(config_path, list(overrides or []), cron, algorithms, seeds, timezone))

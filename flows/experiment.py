@@ -21,13 +21,16 @@ from core.config import Config, stamp_trial
 from core.runtime.job import Pipeline, StageProgress
 from core.runtime.run_lock import lock_run
 from core.runtime.trainer import EvalCallback
-from tasks.mlflow_tracking import MLflowSink, log_summary, start_run, tracking_uri
+from tasks.mlflow_tracking import MLflowSink, log_summary, run_url, start_run, tracking_uri
 from tasks.redacted_flow import redacted_flow
 from tasks.stages import prefect_stage
 
 
-def summary_markdown(summary: dict[str, Any], run_id: str) -> str:
-    """The summary table shown in Prefect (and close to what the CLI prints)."""
+def summary_markdown(summary: dict[str, Any], run_id: str, url: str | None = None) -> str:
+    """The summary table shown in Prefect (and close to what the CLI prints).
+
+    ``url`` is the run's page in the MLflow UI (a tracking server): the run id links to it.
+    """
 
     def fmt(value: Any) -> str:
         return "—" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
@@ -46,7 +49,7 @@ def summary_markdown(summary: dict[str, Any], run_id: str) -> str:
             f"{fmt(summary.get('mean_staleness'))} / {fmt(summary.get('max_staleness_seen'))}",
         ),
         ("wall seconds", summary.get("wall_seconds")),
-        ("MLflow run", run_id),
+        ("MLflow run", f"[{run_id}]({url})" if url else run_id),
         ("checkpoints", summary.get("checkpoint_url")),
         ("run folder", summary["run_dir"]),
     ]
@@ -74,9 +77,12 @@ def experiment(
     # The run folder's lock first: a job on a busy folder fails before it opens an MLflow run.
     with lock_run(config), start_run(config, run_name=name, parent_run_id=parent_run_id) as run:
         run_id = run.info.run_id
+        uri = tracking_uri(config)
+        url = run_url(uri, run.info.experiment_id, run_id)
         ids = {
             "mlflow_run_id": run_id,
-            "mlflow_tracking_uri": tracking_uri(config),
+            "mlflow_tracking_uri": uri,
+            **({"mlflow_run_url": url} if url else {}),
             "prefect_flow_run_id": str(flow_run.id or ""),
         }
         pipeline = Pipeline(
@@ -90,7 +96,7 @@ def experiment(
         summary = pipeline.run(extra=ids)
         log_summary(run_id, summary)
         create_markdown_artifact(
-            markdown=summary_markdown(summary, run_id),
+            markdown=summary_markdown(summary, run_id, url),
             key="experiment-summary",
             description=f"{config.experiment.name}/{config.experiment.trial}",
         )

@@ -4,13 +4,16 @@
 stopped as process groups), records them in ``{state_dir}/stack.json`` and waits for health:
 
 * ``s3``      — ``moto_server``: an in-memory S3 endpoint (contents are lost when it stops), with
-  the bucket created at start. Run files go to ``s3://{bucket}/runs`` (``ASYNCRL_FILEROOT``).
+  the bucket created at start. Run files go to ``s3://{bucket}/runs`` (``ASYNCRL_FILEROOT``: a
+  config that leaves ``cluster.fileroot`` at its default takes it).
 * ``prefect`` — ``prefect server start``; its sqlite DB lives in ``{state_dir}/prefect``.
 * ``mlflow``  — ``mlflow server`` with a sqlite store in ``{state_dir}/mlflow`` and artifacts proxied
   to ``s3://{bucket}/mlartifacts`` (clients need no S3 access for them). The job runner is off
   (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``): ~440 MB instead of ~2.8 GB.
 
-Logs go to ``{state_dir}/logs/<service>.log``. ``StackInfo.env()`` is the environment to export.
+Logs go to ``{state_dir}/logs/<service>.log``. ``StackInfo.env()`` is the environment to export
+(runs honour ``MLFLOW_TRACKING_URI`` and ``ASYNCRL_FILEROOT`` unless their config names others);
+``StackInfo.urls()`` the addresses to open: the Prefect UI, the MLflow UI, the S3 endpoint.
 
 Real deployments swap pieces, keeping the same environment variables:
 
@@ -85,6 +88,14 @@ class StackInfo:
             "AWS_SECRET_ACCESS_KEY": FAKE_SECRET,
             "AWS_DEFAULT_REGION": REGION,
             "ASYNCRL_FILEROOT": f"s3://{self.bucket}/runs",
+        }
+
+    def urls(self) -> dict[str, str]:
+        """What a person opens: the Prefect UI, the MLflow UI, and the S3 endpoint."""
+        return {
+            "Prefect UI": self.services["prefect"].url,
+            "MLflow UI": self.services["mlflow"].url,
+            "S3 endpoint": self.services["s3"].url,
         }
 
     def save(self) -> None:

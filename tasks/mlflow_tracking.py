@@ -7,7 +7,8 @@ Where things go (chosen on purpose: left alone, MLflow writes ``mlflow.db`` and 
 whatever the current directory happens to be):
 
 * Tracking store — ``config.tracking.mlflow_uri`` when set (a server such as the local stack's
-  ``http://127.0.0.1:5000``, or any store URI). Otherwise an embedded sqlite file: for a local
+  ``http://127.0.0.1:5000``, or any store URI); else the standard ``MLFLOW_TRACKING_URI``
+  environment variable (``asyncrl stack up`` prints it). Otherwise an embedded sqlite file: for a local
   fileroot ``{fileroot}/mlflow.db``; for a remote fileroot (``s3://...``) sqlite cannot live on
   object storage, so the file lives in a local cache folder
   ``${XDG_CACHE_HOME:-~/.cache}/asyncrl/mlflow/<hash of fileroot>/mlflow.db``. Runs of one remote
@@ -16,6 +17,11 @@ whatever the current directory happens to be):
   boto3 honours ``MLFLOW_S3_ENDPOINT_URL``/``AWS_ENDPOINT_URL`` and the AWS keys in the env).
   Exception: a *tracking server* with a *local* fileroot — a ``file://`` path on this machine is
   unreadable from the server/UI, so the server's own (proxied) artifact root is used instead.
+
+``start_run`` logs which store and fileroot a run uses, and why. It points MLflow's fluent API at
+the store without leaving ``MLFLOW_TRACKING_URI`` in the environment (``mlflow.set_tracking_uri``
+exports it), so the variable keeps meaning what the user set: the next run in this process, with
+another fileroot, still finds its own embedded store.
 """
 
 from __future__ import annotations
@@ -35,14 +41,16 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from core.config import Config, flatten, to_yaml
+from core.config.loading import fileroot_origin
 from core.redaction import redact, redact_value
-from core.storage import is_local
+from core.storage import is_local, join, local_path
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +61,7 @@ BATCH_PARAMS = 100  # MAX_PARAMS_TAGS_PER_BATCH
 BATCH_METRICS = 1000  # MAX_METRICS_PER_BATCH
 MAX_MODEL_ARTIFACT_BYTES = 50 * 2**20
 _REPO_ROOT = Path(__file__).resolve().parent.parent
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 
 # ------------------------------------------------------------------------------------------
 # Where the store and the artifacts live
@@ -64,9 +73,22 @@ def _cache_home() -> Path:
 
 
 def tracking_uri(config: Config) -> str:
-    """``config.tracking.mlflow_uri`` or the embedded sqlite store (see the module docstring)."""
+    """``config.tracking.mlflow_uri``, ``MLFLOW_TRACKING_URI`` or the embedded sqlite store."""
+    return tracking_choice(config)[0]
+
+
+def tracking_choice(config: Config) -> tuple[str, str]:
+    """The tracking URI and why it was chosen (see the module docstring)."""
     if config.tracking.mlflow_uri:
-        return config.tracking.mlflow_uri
+        return config.tracking.mlflow_uri, "tracking.mlflow_uri"
+    if env := os.environ.get(TRACKING_URI_ENV, "").strip():
+        return env, f"from {TRACKING_URI_ENV}; tracking.mlflow_uri is empty"
+    reason = f"embedded store; tracking.mlflow_uri and {TRACKING_URI_ENV} are empty"
+    return _embedded_uri(config), reason
+
+
+def _embedded_uri(config: Config) -> str:
+    """The sqlite store beside a local fileroot, or in a cache folder for a remote one."""
     root = config.cluster.fileroot
     if is_local(root):
         folder = Path(root.removeprefix("file://")).expanduser().resolve()
@@ -86,6 +108,61 @@ def artifact_location(config: Config) -> str:
 
 def _is_server(uri: str) -> bool:
     return uri.startswith(("http://", "https://", "databricks"))
+
+
+def run_url(uri: str, experiment_id: str, run_id: str) -> str | None:
+    """The run's page in the MLflow UI for an http(s) tracking server, else None.
+
+    The link carries no credentials or query: it is shown to people and stored in Prefect.
+    """
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https"):
+        return None
+    host = parts.netloc.rpartition("@")[2]
+    base = urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def as_url(location: str) -> str:
+    """A full URL: a local path becomes an absolute ``file://`` URL, a URL stays as it is."""
+    if is_local(location):
+        return Path(location.removeprefix("file://")).expanduser().resolve().as_uri()
+    return location
+
+
+# The run's model folders (core.runtime): a remote run works on local staging copies of them.
+_MODEL_FOLDERS = ("final", "sft", "model_init")
+
+
+def _model_url(summary: Mapping[str, Any]) -> str | None:
+    """Where the run's final model lives: ``final_model_dir``, else the checkpoints.
+
+    A run on a remote fileroot reports its local staging copy (:func:`core.storage.local_path`)
+    of ``{run_dir}/final``; the URL it was uploaded to is the one worth a tag.
+    """
+    model_dir = summary.get("final_model_dir")
+    if not model_dir:
+        return summary.get("checkpoint_url")
+    run_dir = str(summary.get("run_dir") or "")
+    if run_dir and not is_local(run_dir):
+        for name in _MODEL_FOLDERS:
+            if local_path(join(run_dir, name)) == Path(str(model_dir)):
+                return join(run_dir, name)
+    return str(model_dir)
+
+
+def _use_tracking_uri(uri: str) -> None:
+    """Point MLflow's fluent API at ``uri`` for this process, keeping the environment as it was.
+
+    ``mlflow.set_tracking_uri`` also exports ``MLFLOW_TRACKING_URI``; left there, it would read
+    as the user's choice for the next run in this process (see the module docstring).
+    """
+    before = os.environ.get(TRACKING_URI_ENV)
+    mlflow.set_tracking_uri(uri)
+    if before is None:
+        os.environ.pop(TRACKING_URI_ENV, None)
+    else:
+        os.environ[TRACKING_URI_ENV] = before
 
 
 def experiment_name(config: Config) -> str:
@@ -196,14 +273,18 @@ def start_run(
 ) -> Iterator[mlflow.ActiveRun]:
     """An MLflow run for one job: config as params, standard tags, ``config.yaml`` artifact.
 
-    Sets the tracking URI *for this process* (MLflow's fluent API is process-global). With
+    Sets the tracking URI *for this process* (MLflow's fluent API is process-global), and logs
+    which store and fileroot the run uses, and why. With
     ``parent_run_id`` the run is nested under it (it may live in another process: a sweep's
     parent run). ``params`` are extra params beside the flattened config. The run ends FAILED
     when the body raises.
     """
-    uri = tracking_uri(config)
+    uri, why = tracking_choice(config)
+    root = config.cluster.fileroot
+    logger.info("MLflow store %s (%s); run files under %s (%s)", redact_value(uri), why,
+                redact_value(root), fileroot_origin(config))  # fmt: skip
     experiment_id = ensure_experiment(config)
-    mlflow.set_tracking_uri(uri)
+    _use_tracking_uri(uri)
     client = MlflowClient(tracking_uri=uri)
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name,
                           nested=parent_run_id is not None, parent_run_id=parent_run_id,
@@ -284,8 +365,10 @@ def log_summary(
 
     Numeric top-level values become metrics ``final/<key>`` (``final/accuracy_after``). ``files``
     maps artifact names (``"curves.png"``, or ``"plots/curves.png"``) to local files. The model
-    URL (``final_model_dir``, else ``checkpoint_url``) becomes the tag ``model_url``; a local
-    model folder under ``max_model_bytes`` is also copied under the ``model/`` artifacts.
+    URL (``final_model_dir``, or the remote folder a staging copy mirrors, else
+    ``checkpoint_url``) becomes the tag ``model_url`` beside ``checkpoint_url``, both full URLs
+    (a local path as an absolute ``file://`` URL); a local model folder under
+    ``max_model_bytes`` is also copied under the ``model/`` artifacts.
     """
     client = MlflowClient(tracking_uri=tracking_uri or mlflow.get_tracking_uri())
     clean = redact(summary)
@@ -302,10 +385,9 @@ def log_summary(
         client.log_batch(run_id, metrics=metrics)
     for name, path in (files or {}).items():
         _log_file_as(client, run_id, Path(path), name)
-    model_url = clean.get("final_model_dir") or clean.get("checkpoint_url")
-    tags = {k: str(clean[k]) for k in ("checkpoint_url",) if clean.get(k)}
-    if model_url:
-        tags["model_url"] = str(model_url)
+    tags = {k: as_url(str(clean[k])) for k in ("checkpoint_url",) if clean.get(k)}
+    if model_url := _model_url(summary):
+        tags["model_url"] = as_url(redact_value(str(model_url)))
     if tags:
         client.log_batch(
             run_id, tags=[RunTag(k, _truncate(v, MAX_TAG_CHARS)) for k, v in tags.items()]

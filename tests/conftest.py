@@ -1,11 +1,14 @@
 """Shared fixtures. S3: a real moto server on a free local port, started once per session.
 
 Nothing here sets environment variables or other global state: tests that talk to S3 pass
-the endpoint and the fake keys explicitly (``s3_storage_options``, ``s3_client``).
+the endpoint and the fake keys explicitly (``s3_storage_options``, ``s3_client``). The one
+exception removes what ``asyncrl stack up`` exports: with it in a developer's shell, runs would
+go to that stack instead of the stores the tests read back (tests that want it set it).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -24,6 +27,9 @@ S3_KEY = "testing-key"
 S3_SECRET = "testing-secret"
 S3_REGION = "us-east-1"
 _SERVER_START_TIMEOUT_S = 60.0
+
+for _stack_var in ("MLFLOW_TRACKING_URI", "ASYNCRL_FILEROOT", "PREFECT_API_URL"):
+    os.environ.pop(_stack_var, None)
 
 
 def _wait_until_up(url: str, proc: subprocess.Popen, log_path: Path) -> None:

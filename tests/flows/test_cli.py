@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from flows.cli import LineProgress, app
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "experiments" / "quickstart.yaml")
 runner = CliRunner()
+# What `asyncrl stack up` exports: a test run must not follow a developer's shell to the stack.
+STACK_VARS = ("MLFLOW_TRACKING_URI", "ASYNCRL_FILEROOT", "ASYNCRL_PROGRESS_INTERVAL_S")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in STACK_VARS}
+    return {**env, "COLUMNS": "120", **extra}
+
 
 SMALL = [
     "data.n_train=200",
@@ -96,8 +106,8 @@ def test_run_main_job_writes_summary(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "COLUMNS": "120", "PREFECT_HOME": str(tmp_path / "prefect"),
-             "AWS_SECRET_ACCESS_KEY": secrets[2], "HF_TOKEN": secrets[2]},
+        env=_env(PREFECT_HOME=str(tmp_path / "prefect"), AWS_SECRET_ACCESS_KEY=secrets[2],
+                 HF_TOKEN=secrets[2]),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
@@ -127,6 +137,52 @@ def test_run_main_job_writes_summary(tmp_path: Path) -> None:
     assert summary["prefect_flow_run_id"] and summary["mlflow_run_id"]
     assert (tmp_path / "mlflow.db").exists()
     assert f"MLflow run: {summary['mlflow_run_id']}" in proc.stdout
+
+
+@pytest.mark.unit
+def test_line_progress_reports_every_interval_and_at_each_stage_end() -> None:
+    lines: list[str] = []
+    with LineProgress(lines.append, interval_s=0.1) as progress:
+        progress.start("prepare_data", None)
+        advance = progress.start("sft_warm_start", 10)  # ends prepare_data
+        for _ in range(10):
+            time.sleep(0.03)
+            advance(1)  # the tenth ends the stage
+        advance = progress.start("rl_train", 4)
+        advance(1)  # the run stops early: the display closes
+    assert re.fullmatch(r"prepare_data done in [\d.]+ s", lines[0])
+    running = [line for line in lines if "ETA" in line]
+    assert len(running) >= 2 and all(line.startswith("sft_warm_start ") for line in running)
+    assert all(re.fullmatch(r"sft_warm_start \d+/10 \(\d+\.\d/s, ETA .+ s\)", x) for x in running)
+    assert re.fullmatch(r"sft_warm_start 10/10 \(\d+\.\d/s, done in [\d.]+ s\)", lines[-2])
+    assert re.fullmatch(r"rl_train 1/4 \(\d+\.\d/s, stopped after [\d.]+ s\)", lines[-1])
+
+
+@pytest.mark.e2e
+def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
+    """`asyncrl run` with stderr piped (a log file, CI): no live bars, but a progress line per
+    running stage every ASYNCRL_PROGRESS_INTERVAL_S and at its end. The run also takes its
+    fileroot from ASYNCRL_FILEROOT, since the config leaves it at its default, and says so."""
+    exe = Path(sys.executable).parent / "asyncrl"
+    root = tmp_path / "from-env"
+    proc = subprocess.run(
+        [str(exe), "run", "--plain", QUICKSTART, "experiment.trial=p", *SMALL, "sft.steps=12"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=_env(ASYNCRL_FILEROOT=str(root), ASYNCRL_PROGRESS_INTERVAL_S="0.5"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    running = [x for x in lines if re.fullmatch(r"sft_warm_start \d+/12 \([\d.]+/s, ETA .+\)", x)]
+    assert len(running) >= 2, proc.stderr[-3000:]
+    assert any(re.fullmatch(r"sft_warm_start 12/12 \([\d.]+/s, done in .+ s\)", x) for x in lines)
+    assert any(re.fullmatch(r"rl_train 2/2 \([\d.]+/s, done in .+ s\)", x) for x in lines)
+    assert "━" not in proc.stderr  # no bar drawn into a file
+    assert (root / "quickstart" / "p" / "summary.json").is_file()
+    assert not (tmp_path / "runs").exists()
+    assert "from ASYNCRL_FILEROOT" in " ".join(proc.stderr.split())
 
 
 @pytest.mark.integration

@@ -15,11 +15,12 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from core.training.distributed import free_port
+from flows.cli import app
+from flows.deploy import deployments
 from tests.servers import wait_healthy
-
-pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "experiments" / "quickstart.yaml")
@@ -77,12 +78,41 @@ def _deployments(url: str) -> dict[str, dict]:
     return {d["name"]: d for d in _api("POST", f"{url}/deployments/filter", json={}).json()}
 
 
+@pytest.mark.unit
+def test_the_nightly_schedule_names_its_time_zone() -> None:
+    """Prefect's UI shows the zone beside the time: UTC unless --timezone says otherwise."""
+    default = deployments(QUICKSTART, [], "0 2 * * *", ["grpo"], 1)
+    berlin = deployments(QUICKSTART, [], "0 2 * * *", ["grpo"], 1, timezone="Europe/Berlin")
+    for deployed, zone in ((default, "UTC"), (berlin, "Europe/Berlin")):
+        experiment, nightly = deployed
+        assert not experiment.schedules
+        [schedule] = [s.schedule for s in nightly.schedules]
+        assert (schedule.cron, schedule.timezone) == ("0 2 * * *", zone)
+
+
+@pytest.mark.unit
+def test_deploy_refuses_an_unknown_time_zone() -> None:
+    result = CliRunner().invoke(app, ["deploy", "--config", QUICKSTART, "--timezone", "Mars/Base"])
+    assert result.exit_code == 2
+    assert "Mars/Base" in result.output and "IANA" in result.output
+
+
+@pytest.mark.integration
 def test_ui_trigger_runs_the_experiment_with_edited_parameters(
     prefect_server: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:
     url, env = prefect_server
     served = subprocess.Popen(
-        [str(BIN / "asyncrl"), "deploy", "--config", QUICKSTART, "--cron", "0 2 * * *"],
+        [
+            str(BIN / "asyncrl"),
+            "deploy",
+            "--config",
+            QUICKSTART,
+            "--cron",
+            "0 2 * * *",
+            "--timezone",
+            "Europe/Berlin",
+        ],  # fmt: skip
         env=env,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -96,8 +126,10 @@ def test_ui_trigger_runs_the_experiment_with_edited_parameters(
             assert time.monotonic() < deadline, "deployments were not registered"
             time.sleep(1)
         nightly = deployments["nightly-ablation"]
-        crons = [s["schedule"].get("cron") for s in nightly["schedules"]]
-        assert crons == ["0 2 * * *"]
+        crons = [
+            (s["schedule"].get("cron"), s["schedule"].get("timezone")) for s in nightly["schedules"]
+        ]
+        assert crons == [("0 2 * * *", "Europe/Berlin")]
         assert deployments["experiment"]["parameters"]["config_path"] == QUICKSTART
 
         # What the UI's "Run" button sends, with the overrides edited by the user.

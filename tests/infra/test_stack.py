@@ -14,6 +14,7 @@ import boto3
 import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
 
 from core.training.distributed import free_ports
 from infra.stack import StackError, StackInfo, stack_down, stack_status, stack_up
@@ -87,6 +88,32 @@ def test_env(stack: StackInfo) -> None:
     )
     assert env["AWS_ACCESS_KEY_ID"] and env["AWS_SECRET_ACCESS_KEY"] and env["AWS_DEFAULT_REGION"]
     assert env["ASYNCRL_FILEROOT"] == "s3://asyncrl-test/runs"
+    assert stack.urls() == {
+        "Prefect UI": f"http://127.0.0.1:{s['prefect'].port}",
+        "MLflow UI": f"http://127.0.0.1:{s['mlflow'].port}",
+        "S3 endpoint": f"http://127.0.0.1:{s['s3'].port}",
+    }
+    assert _get(stack.urls()["Prefect UI"])[0] == 200 and _get(stack.urls()["MLflow UI"])[0] == 200
+
+
+def test_stack_up_prints_the_urls_and_the_environment(
+    stack: StackInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`asyncrl stack up`'s output: the URLs to open as comments, so `eval "$(asyncrl stack
+    up)"` still works, then the exports. (The module's running stack stands in for a second
+    one: the command's default ports may be taken on a shared machine.)"""
+    import infra.stack
+    from flows.cli import app
+
+    monkeypatch.setattr(infra.stack, "stack_up", lambda state_dir: stack)
+    result = CliRunner().invoke(app, ["stack", "up", "--state-dir", stack.state_dir])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert all(line.startswith(("# ", "export ")) for line in lines), lines
+    for name, url in stack.urls().items():
+        assert any(line.startswith(f"# {name}:") and line.endswith(url) for line in lines), name
+    assert f"export MLFLOW_TRACKING_URI={stack.env()['MLFLOW_TRACKING_URI']}" in lines
+    assert "export ASYNCRL_FILEROOT=s3://asyncrl-test/runs" in lines
 
 
 def test_refuses_second_stack(stack: StackInfo, tmp_path: Path) -> None:
@@ -124,9 +151,11 @@ def test_mlflow_artifacts_land_in_bucket(stack: StackInfo, s3: Any, tmp_path: Pa
 
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+    # The exported environment alone sends the run there: no fileroot or tracking overrides.
     config = load_config(REPO / "experiments" / "quickstart.yaml",
-                         [f"cluster.fileroot={env['ASYNCRL_FILEROOT']}", f"tracking.mlflow_uri={env['MLFLOW_TRACKING_URI']}",
-                          "experiment.name=stack-quickstart", "experiment.trial=t1"])  # fmt: skip
+                         ["experiment.name=stack-quickstart", "experiment.trial=t1"])  # fmt: skip
+    assert config.cluster.fileroot == env["ASYNCRL_FILEROOT"] == "s3://asyncrl-test/runs"
+    assert config.tracking.mlflow_uri == ""
     try:
         with start_run(config, run_name="tracked") as active:
             run_id = active.info.run_id

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,71 @@ def test_locations(config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     config.tracking.mlflow_uri = "http://127.0.0.1:5000"
     assert tracking.tracking_uri(config) == "http://127.0.0.1:5000"
+
+
+def _run_ids(uri: str) -> set[str]:
+    """Every run in the store at ``uri``."""
+    client = MlflowClient(tracking_uri=uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return {r.info.run_id for r in client.search_runs(experiments)} if experiments else set()
+
+
+def test_mlflow_tracking_uri_from_the_environment_and_config_wins(
+    config: Config,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With tracking.mlflow_uri empty the run goes to MLFLOW_TRACKING_URI (what `asyncrl stack
+    up` exports), not the embedded store; an explicit tracking.mlflow_uri still wins."""
+    env_uri = f"sqlite:///{tmp_path}/env-store/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env_uri)
+    assert tracking.tracking_uri(config) == env_uri
+    with caplog.at_level(logging.INFO, logger="tasks.mlflow_tracking"):
+        with start_run(config, run_name="from-env") as run:
+            from_env = run.info.run_id
+            MLflowSink(from_env).log_metrics({"x": 1.0}, 0)
+    assert _run_ids(env_uri) == {from_env}
+    assert MlflowClient(tracking_uri=env_uri).get_run(from_env).data.metrics["x"] == 1.0
+    assert not (tmp_path / "runs" / "mlflow.db").exists()  # not the embedded store
+    assert f"MLflow store {env_uri} (from MLFLOW_TRACKING_URI" in caplog.text
+    assert os.environ["MLFLOW_TRACKING_URI"] == env_uri  # the user's value, left as it was
+
+    explicit = f"sqlite:///{tmp_path}/explicit/mlflow.db"
+    config.tracking.mlflow_uri = explicit
+    with start_run(config, run_name="explicit") as run:
+        chosen = run.info.run_id
+    assert _run_ids(explicit) == {chosen} and _run_ids(env_uri) == {from_env}
+    assert os.environ["MLFLOW_TRACKING_URI"] == env_uri
+
+
+def test_runs_in_one_process_keep_their_own_embedded_stores(config: Config, tmp_path: Path) -> None:
+    """mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI; start_run must not leave it set, or
+    the next run (another fileroot) would take the first one's store for the user's choice."""
+    with start_run(config) as run:
+        first = run.info.run_id
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    other = load_config(REPO / "experiments" / "quickstart.yaml")
+    other.cluster.fileroot = str(tmp_path / "other")
+    other.experiment.trial = "t2"
+    with start_run(other) as run:
+        second = run.info.run_id
+    assert _run_ids(tracking.tracking_uri(config)) == {first}
+    assert _run_ids(f"sqlite:///{tmp_path}/other/mlflow.db") == {second}
+
+
+def test_run_url_links_a_tracking_server_only() -> None:
+    assert (
+        tracking.run_url("http://127.0.0.1:5000", "3", "abc")
+        == "http://127.0.0.1:5000/#/experiments/3/runs/abc"
+    )
+    # no credentials or query in a link shown to people and stored in Prefect
+    assert (
+        tracking.run_url("https://me:pw@mlflow.example.com/prefix/?token=t", "1", "r")
+        == "https://mlflow.example.com/prefix/#/experiments/1/runs/r"
+    )
+    assert tracking.run_url("sqlite:////tmp/mlflow.db", "1", "r") is None
+    assert tracking.run_url("databricks", "1", "r") is None
 
 
 def test_start_run_params_tags_and_config_artifact(config: Config, tmp_path: Path) -> None:
@@ -186,7 +253,7 @@ def test_log_summary(config: Config, tmp_path: Path) -> None:
     assert got.data.metrics["final/accuracy_after"] == 0.55
     assert got.data.metrics["final/steps"] == 40
     assert not {"final/nan_value", "final/ok", "final/evals"} & set(got.data.metrics)
-    assert got.data.tags["model_url"] == str(model)
+    assert got.data.tags["model_url"] == model.as_uri()  # a full URL, not a bare path
     assert got.data.tags["checkpoint_url"] == "s3://b/runs/q/t1/checkpoints"
     top = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"summary.json", "plots", "model", "config.yaml"} <= top
@@ -201,15 +268,35 @@ def test_log_summary(config: Config, tmp_path: Path) -> None:
     assert saved["accuracy_after"] == 0.55 and saved["evals"] == [{"accuracy": 0.41}]
 
 
-def test_log_summary_large_model_is_url_only(config: Config, tmp_path: Path) -> None:
+def test_log_summary_large_model_is_url_only(
+    config: Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = tmp_path / "big"
     model.mkdir()
     (model / "weights.bin").write_bytes(b"\0" * 2000)
+    monkeypatch.chdir(tmp_path)  # a relative local path becomes an absolute file:// URL
+    summary = {"final_model_dir": str(model), "checkpoint_url": "runs/q/t1/checkpoints"}
     with start_run(config) as run:
-        log_summary(run.info.run_id, {"final_model_dir": str(model)}, max_model_bytes=1000)
+        log_summary(run.info.run_id, summary, max_model_bytes=1000)
     client = _client(config)
-    assert client.get_run(run.info.run_id).data.tags["model_url"] == str(model)
+    tags = client.get_run(run.info.run_id).data.tags
+    assert tags["model_url"] == model.as_uri() == f"file://{model}"
+    assert tags["checkpoint_url"] == f"file://{tmp_path}/runs/q/t1/checkpoints"
     assert "model" not in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_model_url_of_a_remote_run_names_the_uploaded_folder(config: Config) -> None:
+    """A run on s3:// reports its model's local staging copy; the tag names the bucket's folder."""
+    from core.storage import local_path
+
+    run_dir = "s3://b/runs/quickstart/t1"
+    summary = {"run_dir": run_dir, "final_model_dir": str(local_path(f"{run_dir}/final")),
+               "checkpoint_url": f"{run_dir}/checkpoints"}  # fmt: skip
+    with start_run(config) as run:
+        log_summary(run.info.run_id, summary)
+    tags = _client(config).get_run(run.info.run_id).data.tags
+    assert tags["model_url"] == f"{run_dir}/final"
+    assert tags["checkpoint_url"] == f"{run_dir}/checkpoints"
 
 
 @pytest.mark.integration
