@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from core.algorithms import global_normalizer, grpo_advantages, ppo_policy_loss
 from core.config import Config, load_config
 from core.data.dataloader import ResumableDataLoader
-from core.data.templates import render_prompt
+from core.data.prompting import Prompter
 from core.inference.sampling import gumbel_, seeded_uniforms, split_seed
 from core.models import load_model, load_tokenizer
 from core.rewards.registry import SafeReward, resolve_reward
@@ -88,6 +88,7 @@ def train(cfg: Config, model_dir: str, train_rows: list[dict], steps: int):
     optimizer = torch.optim.AdamW(groups, lr=algo.lr)
     # Prompts in the rollout worker's order; a draw's place in the stream seeds its sampling.
     loader = ResumableDataLoader(train_rows, batch_size=1, shuffle=True, seed=cfg.experiment.seed)
+    prompter = Prompter.from_config(cfg, tokenizer)
     history = []
     for step in range(steps):
         # 1. Rollout: B prompts × G completions from the current weights (η = 0: nothing stale).
@@ -97,9 +98,7 @@ def train(cfg: Config, model_dir: str, train_rows: list[dict], steps: int):
             sample = loader.next_samples(1)[0]
             sample_ids.append(str(sample["id"]))
             prompt_seed = derive_seed(cfg.experiment.seed, drawn["epoch"], drawn["position"])
-            prompt = tokenizer(
-                render_prompt(sample["question"], cfg.data.template), add_special_tokens=False
-            )["input_ids"]
+            prompt = prompter.prompt_ids(sample["question"])  # the platform's one prompt path
             seeds = [derive_seed(prompt_seed, i) for i in range(G)]  # one per episode of the group
             policy.eval()
             completions, logprobs = sample_group(policy, prompt, seeds, cfg, tokenizer.eos_token_id)

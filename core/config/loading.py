@@ -8,6 +8,9 @@ The file and overrides are read and parsed once (:func:`parse_config`, a :class:
 variants — an ablation's algorithm and seed, a sweep trial's values — are layers of values on
 top, so resolving N of them parses nothing again. Unknown keys, renamed keys and wrong types
 raise :class:`ConfigError` naming the key before any work starts.
+
+One value may come from the environment: ``ASYNCRL_FILEROOT`` (what ``asyncrl stack up`` prints)
+replaces a ``cluster.fileroot`` left at its default (see :func:`_fileroot_from_env`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import dataclasses
 import difflib
 import logging
 import math
+import os
 import re
 import time
 import typing
@@ -29,7 +33,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.algorithms.config import PRESETS
-from core.config.sections import Config, ConfigError
+from core.config.sections import ClusterConfig, Config, ConfigError
+from core.data.templates import template_problems
 from core.rewards.registry import resolve_reward
 from core.rollout.api import workflow_class
 
@@ -39,9 +44,11 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "scheduler.type": ("local", "ray"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.attn_implementation": ("sdpa", "eager", "flash_attention_2"),
-    "data.source": ("synthetic", "gsm8k"),
+    "data.source": ("synthetic", "gsm8k", "dataset"),
     "rollout.engine": ("hf", "sglang", "vllm"),
     "checkpoint.recover": ("off", "auto"),
+    "data.prompt_format": ("template", "chat"),
+    "rollout.sandbox": ("strict", "best_effort"),
 }
 
 
@@ -49,6 +56,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
 RENAMED: dict[str, str] = {"actor": "learner", "eval.batch_size": "eval.max_concurrent"}
 
 Layer = tuple[str, dict[str, Any]]  # (where it came from, a nested dict checked against the schema)
+
+FILEROOT_ENV = "ASYNCRL_FILEROOT"  # a fileroot from the environment (the local stack's bucket)
 
 
 @dataclass
@@ -61,17 +70,19 @@ class ConfigSource:
     """
 
     layers: list[Layer]
+    file_layers: int = 0  # the first layers came from the YAML file; the rest were given explicitly
 
     def with_values(self, values: dict[str, Any], label: str = "values") -> ConfigSource:
         """The same source with one more layer of dotted-key values on top."""
         layer = _nest(values)
         _check_keys(layer, Config, prefix="", source=label)
-        return ConfigSource([*self.layers, (label, layer)])
+        return dataclasses.replace(self, layers=[*self.layers, (label, layer)])
 
     def resolve(self, variant: dict[str, Any] | None = None, label: str = "variant") -> Config:
         """The validated :class:`Config`; ``variant`` maps dotted keys to values
         (``{"algorithm": "ppo", "experiment.seed": 2}``) and wins over every layer."""
-        return _merge((self.with_values(variant, label) if variant else self).layers)
+        source = self.with_values(variant, label) if variant else self
+        return _merge(source.layers, explicit=source.layers[source.file_layers :])
 
 
 def parse_config(
@@ -81,11 +92,12 @@ def parse_config(
     layers: list[Layer] = []
     if path is not None:
         layers.append((str(path), _read_yaml(Path(path))))
+    file_layers = len(layers)
     if overrides:
         layers.append(("command line", _parse_overrides(overrides)))
     for source, layer in layers:
         _check_keys(layer, Config, prefix="", source=source)
-    return ConfigSource(layers)
+    return ConfigSource(layers, file_layers)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -93,8 +105,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return parse_config(path, overrides).resolve()
 
 
-def _merge(layers: list[Layer]) -> Config:
-    """schema defaults ← algorithm preset ← layers, then validation."""
+def _merge(layers: list[Layer], explicit: list[Layer]) -> Config:
+    """schema defaults ← algorithm preset ← layers, then validation.
+
+    ``explicit`` are the layers given on purpose (command line, variants), not read from a file.
+    """
     preset = "grpo"
     for _, layer in layers:
         algorithm = layer.get("algorithm")
@@ -118,8 +133,37 @@ def _merge(layers: list[Layer]) -> Config:
     except (OmegaConfBaseException, ValueError) as err:  # __post_init__ validation
         raise ConfigError(str(err).split("\n")[0]) from None
     _fill_derived(config)
+    _fileroot_from_env(config, explicit)
     validate(config)
     return config
+
+
+def _fileroot_from_env(config: Config, explicit: list[Layer]) -> None:
+    """``ASYNCRL_FILEROOT``, when set, replaces a ``cluster.fileroot`` left at its default.
+
+    Left at its default means: no command-line override or variant sets it, and the YAML file
+    leaves it out or restates the default (the shipped configs say ``fileroot: runs``), so
+    exporting what ``asyncrl stack up`` prints sends the runs to the stack's bucket. Any other
+    value, and any value given on the command line, wins over the environment.
+    """
+    root = os.environ.get(FILEROOT_ENV, "").strip()
+    if not root or config.cluster.fileroot != ClusterConfig().fileroot:
+        return
+    for _, layer in explicit:
+        cluster = layer.get("cluster")
+        if isinstance(cluster, dict) and "fileroot" in cluster:
+            return
+    config.cluster.fileroot = root
+
+
+def fileroot_origin(config: Config) -> str:
+    """Where ``config.cluster.fileroot`` came from, for the run's log line."""
+    root = os.environ.get(FILEROOT_ENV, "").strip()
+    if root and config.cluster.fileroot == root:
+        return f"from {FILEROOT_ENV}; cluster.fileroot was left at its default"
+    if root:
+        return f"cluster.fileroot, set in the config; {FILEROOT_ENV} is not used"
+    return "cluster.fileroot"
 
 
 def _fill_derived(config: Config) -> None:
@@ -150,15 +194,16 @@ POSITIVE = (
     "eval.max_concurrent", "eval.max_new_tokens", "sft.batch_size", "sft.lr", "model.vocab_size",
     "cluster.n_nodes", "scheduler.torch_threads", "scheduler.learner_cpus",
     "scheduler.rollout_cpus", "checkpoint.keep_last", "cluster.lock_stale_s",
-    "rollout.stall_warn_s", "rollout.stall_timeout_s",
+    "rollout.stall_warn_s", "rollout.stall_timeout_s", "rollout.reward_timeout_s",
 )  # fmt: skip
 NON_NEGATIVE = (
     "rollout.max_staleness", "rollout.top_k", "rollout.tool_latency_s", "learner.total_steps",
     "sft.steps", "sft.warmup_steps", "sft.weight_decay", "sft.max_grad_norm",
     "eval.every_n_steps", "eval.n_samples", "eval.n_problems", "checkpoint.every_n_steps",
-    "data.n_train", "data.n_test", "cluster.n_gpus_per_node", "rollout.max_filtered_in_a_row",
+    "data.n_train", "data.n_test", "cluster.n_gpus_per_node", "data.max_prompt_tokens",
+    "rollout.reward_workers", "rollout.max_filtered_in_a_row",
 )  # fmt: skip
-FRACTIONS = ("sft.min_lr_ratio", "rollout.max_failure_rate")  # in [0, 1]
+FRACTIONS = ("sft.min_lr_ratio", "rollout.max_failure_rate", "data.test_ratio")  # in [0, 1]
 
 
 def validate(config: Config) -> None:
@@ -179,6 +224,12 @@ def validate(config: Config) -> None:
     for key in FRACTIONS:
         if not 0 <= select(config, key) <= 1:
             raise ConfigError(f"{key} must be in [0, 1], got {select(config, key)}")
+    for problem in template_problems(config.data.template):
+        raise ConfigError(problem)
+    if config.data.source == "dataset" and not config.data.path:
+        raise ConfigError("data.source=dataset needs data.path (a hub id, folder, file or URL)")
+    if config.data.test_ratio >= 1:
+        raise ConfigError(f"data.test_ratio={config.data.test_ratio} must be < 1")
     if config.eval.n_samples > 0 and not config.eval.temperature > 0:
         raise ConfigError(f"eval.temperature must be > 0 to sample, got {config.eval.temperature}")
     if config.rollout.temperature < 0:

@@ -42,7 +42,10 @@ class ClusterConfig:
 
     fileroot: str = documented(
         "runs",
-        "Root for run outputs and checkpoints: a local folder or any fsspec URL (s3://bucket/prefix).",
+        "Root for run outputs and checkpoints: a local folder or any fsspec URL (s3://bucket/prefix). "
+        "Left at this default (not given on the command line; a YAML file may restate 'runs'), "
+        "the environment variable ASYNCRL_FILEROOT replaces it when set (asyncrl stack up prints "
+        "it: the stack's bucket); the run logs which one it used.",
     )
     n_nodes: int = documented(1, "Number of machines (Ray nodes) the run spans.")
     n_gpus_per_node: int = documented(0, "GPUs per node; 0 runs everything on CPU.")
@@ -97,19 +100,63 @@ class DataConfig:
     """Training and held-out problems."""
 
     source: str = documented(
-        "synthetic", "'synthetic' (generated GSM8K-style problems) or 'gsm8k'."
+        "synthetic",
+        "'synthetic' (generated GSM8K-style problems), 'gsm8k', or 'dataset' (any tabular data: "
+        "data.path and the column keys).",
     )
     gsm8k_path: str = documented(
         "bundled",
         "For source=gsm8k: 'bundled' (the repo's copy), 'hub' (openai/gsm8k), or a file/folder path or fsspec URL with {split}.jsonl|parquet.",
     )
-    template: str = documented("plain", "Prompt template name (core.data.templates).")
+    prompt_format: str = documented(
+        "template",
+        "'template' (data.template as text, the tokenizer's own special tokens) or 'chat' (the "
+        "tokenizer's chat template over data.system_prompt and a user turn holding data.template; "
+        "generation also stops at the template's end-of-turn token).",
+    )
+    template: str = documented(
+        "plain",
+        "Prompt text: a name in core.data.templates ('plain', 'gsm8k_cot') or a format string "
+        "with a {question} placeholder.",
+    )
+    system_prompt: str = documented("", "prompt_format=chat: a system message; empty = none.")
     n_train: int = documented(
         4000, "Training problems (synthetic: generated; gsm8k: the first n, 0 = all)."
     )
     n_test: int = documented(
         1000,
         "Held-out problems (synthetic: generated; gsm8k: the first n of the test split, 0 = all).",
+    )
+    path: str = documented(
+        "",
+        "source=dataset: a hub id, a save_to_disk folder, or a JSONL/parquet/CSV file or a folder "
+        "of {split}.<ext> files, at any fsspec URL.",
+    )
+    test_path: str = documented(
+        "", "source=dataset: where the eval set comes from (another dataset); empty = data.path."
+    )
+    train_split: str = documented("train", "source=dataset: the training split.")
+    test_split: str = documented("test", "source=dataset: the eval split (unless test_ratio).")
+    test_ratio: float = documented(
+        0.0,
+        "source=dataset: hold out this share of the training split (seeded) as the eval set "
+        "instead of test_split; 0 = use test_split.",
+    )
+    prompt_key: str = documented("question", "source=dataset: the column holding the prompt.")
+    answer_key: str = documented(
+        "answer", "source=dataset: the column holding the reference answer the reward checks."
+    )
+    system_key: str = documented(
+        "", "source=dataset: a column with a per-sample system prompt (chat format); '' = none."
+    )
+    id_key: str = documented("", "source=dataset: a column with stable sample ids; '' = row index.")
+    metadata_keys: list[str] = documented(
+        help="source=dataset: columns carried into each sample unchanged.", factory=list
+    )
+    max_prompt_tokens: int = documented(
+        0,
+        "Drop samples whose prompt (as the model sees it) is longer than this many tokens, "
+        "counted per split in the summary; 0 = keep all.",
     )
     strict: bool = documented(False, "Raise on a bad row instead of skipping it with a warning.")
     synthetic: SyntheticSpec = documented(
@@ -160,6 +207,16 @@ class RolloutConfig:
     reward_fn: str = documented(
         "core.rewards.gsm8k:gsm8k_reward",
         "Reward function (completion, reference) -> float, by import path.",
+    )
+    reward_workers: int = documented(
+        0,
+        "Score rewards in this many verifier processes, off the rollout event loop, each call "
+        "bounded by reward_timeout_s (for slow or untrusted verifiers: math-verify, code tests); "
+        "0 = call the reward inline (fast rewards).",
+    )
+    reward_timeout_s: float = documented(
+        10.0,
+        "With reward_workers: a call past this many seconds scores 0 (counted, process replaced).",
     )
     max_failure_rate: float = documented(
         0.2, "Stop the run when more than this share of episodes fail."
@@ -260,7 +317,11 @@ class TrackingConfig:
     """Experiment tracking."""
 
     mlflow_uri: str = documented(
-        "", "MLflow tracking URI; empty = sqlite under the experiment folder."
+        "",
+        "MLflow tracking URI (a server such as http://127.0.0.1:5000, or any store URI); empty = "
+        "the MLFLOW_TRACKING_URI environment variable when set (asyncrl stack up prints it), else "
+        "an embedded sqlite store: {cluster.fileroot}/mlflow.db for a local fileroot, a local "
+        "cache folder for a remote one. The run logs which one it used.",
     )
     mlflow_experiment: str = documented("", "MLflow experiment name; empty = experiment.name.")
 

@@ -20,9 +20,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from core.data.templates import render_prompt
+from core.data.prompting import Prompter
 from core.inference.api import GenerationRequest, InferenceEngine, SamplingParams, generate_resuming
-from core.rewards.registry import SafeReward, resolve_reward
+from core.rewards.verifier_pool import Scorer, make_scorer
 from core.rollout.api import Trajectory
 from core.rollout.sandbox import SandboxLimits
 from core.rollout.tools import STOP_STRINGS, ToolBox, ToolCall, find_tool_call
@@ -40,19 +40,16 @@ class ToolAgentWorkflow:
         sampling: SamplingParams,
         *,
         toolbox: ToolBox,
-        template: str = "plain",
+        prompter: Prompter | None = None,
         max_turns: int = 4,
+        score: Scorer | None = None,
     ) -> None:
         self.tokenizer = tokenizer
-        self.reward = SafeReward(
-            resolve_reward(reward_fn) if isinstance(reward_fn, str) else reward_fn
-        )
+        self.score = score or make_scorer(reward_fn)
         self.toolbox = toolbox
-        self.template = template
+        self.prompter = prompter or Prompter(tokenizer)
         self.max_turns = max_turns
-        stops = [*sampling.stop_token_ids]
-        if tokenizer.eos_token_id is not None:
-            stops.append(tokenizer.eos_token_id)
+        stops = [*sampling.stop_token_ids, *self.prompter.stop_ids]
         # A closing tag that is one token lets the engine stop right at the call.
         for tag in STOP_STRINGS:
             ids = tokenizer(tag, add_special_tokens=False)["input_ids"]
@@ -63,22 +60,26 @@ class ToolAgentWorkflow:
     @classmethod
     def from_config(cls, config: Any, tokenizer: PreTrainedTokenizerBase) -> ToolAgentWorkflow:
         r = config.rollout
-        toolbox = ToolBox(SandboxLimits(wall_time_s=r.tool_timeout_s), latency_s=r.tool_latency_s)
+        limits = SandboxLimits(wall_time_s=r.tool_timeout_s, isolation=r.sandbox)
+        toolbox = ToolBox(limits, latency_s=r.tool_latency_s)
         sampling = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k)
         return cls(
             tokenizer,
             r.reward_fn,
             sampling,
             toolbox=toolbox,
-            template=config.data.template,
+            prompter=Prompter.from_config(config, tokenizer),
             max_turns=r.max_turns,
+            score=make_scorer(r.reward_fn, workers=r.reward_workers, timeout_s=r.reward_timeout_s),
         )
+
+    def close(self) -> None:
+        """Stop the reward's verifier processes, if any."""
+        self.score.close()
 
     async def run_episode(self, engine: InferenceEngine, sample: dict[str, Any]) -> Trajectory:
         started = time.monotonic()
-        prompt = self.tokenizer(
-            render_prompt(sample["question"], self.template), add_special_tokens=False
-        )["input_ids"]
+        prompt = self.prompter.prompt_ids(sample["question"], sample.get("system"))
         ids, mask, logprobs, versions = (
             list(prompt),
             [0] * len(prompt),
@@ -112,7 +113,7 @@ class ToolAgentWorkflow:
             logprobs += [0.0] * len(result_ids)
             versions += [-1] * len(result_ids)
         transcript = self.tokenizer.decode(ids[len(prompt) :], skip_special_tokens=True)
-        reward = self.reward(_RESULT.sub("", transcript), sample["answer"])
+        reward = await self.score(_RESULT.sub("", transcript), sample["answer"])
         return Trajectory(
             input_ids=ids,
             loss_mask=mask,

@@ -300,7 +300,8 @@ class RolloutExecutor:
                 c.submitted,
                 group.rewards,
             )
-        if self.max_filtered_in_a_row and c.filtered_in_a_row >= self.max_filtered_in_a_row:
+        limit = self.max_filtered_in_a_row
+        if limit and c.filtered_in_a_row >= limit and self._error is None:
             self._error = RolloutError(
                 f"the group filter refused {c.filtered_in_a_row} groups in a row "
                 f"(rollout.max_filtered_in_a_row={self.max_filtered_in_a_row}): every group's "

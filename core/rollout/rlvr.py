@@ -9,9 +9,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from core.data.templates import render_prompt
+from core.data.prompting import Prompter
 from core.inference.api import GenerationRequest, InferenceEngine, SamplingParams, generate_resuming
-from core.rewards.registry import SafeReward, resolve_reward
+from core.rewards.verifier_pool import Scorer, make_scorer
 from core.rollout.api import Trajectory
 
 
@@ -23,27 +23,29 @@ class RLVRWorkflow:
         tokenizer: PreTrainedTokenizerBase,
         reward_fn: str | Callable[[str, str], float],
         sampling: SamplingParams,
-        template: str = "plain",
+        prompter: Prompter | None = None,
+        score: Scorer | None = None,
     ) -> None:
         self.tokenizer = tokenizer
-        self.reward = SafeReward(
-            resolve_reward(reward_fn) if isinstance(reward_fn, str) else reward_fn
-        )
-        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        stops = list(dict.fromkeys([*sampling.stop_token_ids, *eos]))
+        self.score = score or make_scorer(reward_fn)
+        self.prompter = prompter or Prompter(tokenizer)
+        stops = list(dict.fromkeys([*sampling.stop_token_ids, *self.prompter.stop_ids]))
         self.sampling = dataclasses.replace(sampling, stop_token_ids=stops)
-        self.template = template
 
     @classmethod
     def from_config(cls, config: Any, tokenizer: PreTrainedTokenizerBase) -> RLVRWorkflow:
         """Build from a :class:`core.config.Config` (the ``rollout`` and ``data`` sections)."""
         r = config.rollout
         sampling = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k)
-        return cls(tokenizer, r.reward_fn, sampling, config.data.template)
+        score = make_scorer(r.reward_fn, workers=r.reward_workers, timeout_s=r.reward_timeout_s)
+        return cls(tokenizer, r.reward_fn, sampling, Prompter.from_config(config, tokenizer), score)
 
     def prompt_ids(self, sample: dict[str, Any]) -> list[int]:
-        prompt = render_prompt(sample["question"], self.template)
-        return self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return self.prompter.prompt_ids(sample["question"], sample.get("system"))
+
+    def close(self) -> None:
+        """Stop the reward's verifier processes, if any."""
+        self.score.close()
 
     async def run_episode(self, engine: InferenceEngine, sample: dict[str, Any]) -> Trajectory:
         started = time.monotonic()
@@ -51,7 +53,7 @@ class RLVRWorkflow:
         sampling = dataclasses.replace(self.sampling, seed=sample.get("seed"))
         response = await generate_resuming(engine, GenerationRequest(prompt, sampling))
         completion = self.tokenizer.decode(response.output_ids, skip_special_tokens=True)
-        reward = self.reward(completion, sample["answer"])
+        reward = await self.score(completion, sample["answer"])
         n = len(response.output_ids)
         return Trajectory(
             input_ids=prompt + response.output_ids,

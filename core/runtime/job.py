@@ -1,6 +1,6 @@
 """The experiment pipeline — the one place the stage order lives::
 
-    prepare_data → build_model → sft_warm_start → rl_train (or evaluate, with no RL steps) → report
+    prepare_data → build_model → [fit_prompts] → sft_warm_start → rl_train (or evaluate) → report
 
 :class:`Pipeline` runs the stages of :mod:`core.runtime.stages`. *How* each stage runs is a hook,
 a :class:`StageRunner`: :func:`call_stage` calls it (``asyncrl run --plain``, benchmarks, tests);
@@ -29,6 +29,7 @@ from core.runtime.stages import (
     PreparedData,
     build_or_load_model,
     evaluate_model,
+    fit_prompts,
     prepare_data,
     rl_train,
 )
@@ -113,6 +114,9 @@ class Pipeline:
         data = self._stage("prepare_data", prepare_data, cfg)
         self._ticks("build_model")
         model_dir = self._stage("build_model", build_or_load_model, cfg, data)
+        if cfg.data.max_prompt_tokens > 0:
+            self._ticks("fit_prompts")
+            data = self._stage("fit_prompts", fit_prompts, cfg, data, model_dir)
         if cfg.sft.enabled and cfg.sft.steps > 0:
             ticks = self._ticks("sft_warm_start", cfg.sft.steps)
             model_dir = self._stage(
@@ -177,6 +181,7 @@ def summarize(
             "n_test": len(data.test),
             "train_url": data.train_url,
             "test_url": data.test_url,
+            **data.notes,
         },
         "model_dir": model_dir,
     }

@@ -137,9 +137,10 @@ class RolloutWorker:
 
     def close(self) -> None:
         self._run(self.executor.stop())
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        for part in (self.workflow, self.engine):  # the workflow's verifier processes, the engine
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 

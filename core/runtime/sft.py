@@ -1,4 +1,4 @@
-"""Supervised warm start: the learner's masked NLL on prompt → solution (+ eos)."""
+"""Supervised warm start: the learner's masked NLL on prompt → solution (+ its stop token)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from core.config import Config
 from core.data.dataloader import ResumableDataLoader
-from core.data.templates import render_prompt
+from core.data.prompting import Prompter
 from core.models import load_tokenizer
 from core.rollout.api import Trajectory
 from core.runtime.metrics import MetricSink
@@ -20,9 +20,9 @@ from core.training import collate
 logger = logging.getLogger(__name__)
 
 
-def sft_example(prompt_ids: list[int], answer_ids: list[int], eos_id: int) -> Trajectory:
-    """Loss on the solution and eos only (the model learns to answer, not to ask)."""
-    target = answer_ids + [eos_id]
+def sft_example(prompt_ids: list[int], target: list[int]) -> Trajectory:
+    """Loss on the target only — the solution and its stop token (the model learns to answer,
+    not to ask)."""
     n_prompt = len(prompt_ids)
     return Trajectory(
         input_ids=prompt_ids + target,
@@ -44,14 +44,11 @@ def sft_warm_start(
     """Run ``sft.steps`` optimizer steps; returns the local HF folder of the warm-started model."""
     sft = config.sft
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_dir)
-    template = config.data.template
+    prompter = Prompter.from_config(config, tokenizer)
     examples = [
         sft_example(
-            tokenizer(render_prompt(row["question"], template), add_special_tokens=False)[
-                "input_ids"
-            ],
-            tokenizer(row["answer"], add_special_tokens=False)["input_ids"],
-            tokenizer.eos_token_id,
+            prompter.prompt_ids(row["question"], row.get("system")),
+            prompter.target_ids(row["answer"]),
         )
         for row in train
     ]

@@ -8,21 +8,42 @@ directly or wrap it one-to-one (a Prefect task in the experiment flow).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from core.config import Config, config_hash
+from core.config import Config, ConfigError, config_hash
 from core.data.gsm8k import load_gsm8k
+from core.data.prompting import Prompter
 from core.data.synthetic import generate_splits
+from core.data.tabular import (
+    ColumnError,
+    Columns,
+    load_table,
+    remove_test_questions,
+    split_by_ratio,
+    to_samples,
+)
 from core.data.templates import render_prompt
 from core.evaluation import EvalResult, eval_settings, evaluate_workflow
 from core.models import create_pretrained, is_preset, load_model, load_tokenizer
 from core.runtime.metrics import MetricSink
 from core.runtime.rollout_worker import build_engine, build_workflow
 from core.runtime.trainer import EvalCallback, RLResult, Trainer
-from core.storage import exists, join, local_path, read_jsonl, upload_dir, write_jsonl
+from core.storage import (
+    exists,
+    join,
+    local_path,
+    read_jsonl,
+    read_text,
+    upload_dir,
+    write_json,
+    write_jsonl,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +59,7 @@ class PreparedData:
     train_url: str
     test_url: str
     cached: bool = False  # True when an earlier run with the same data config wrote them
+    notes: dict[str, Any] = field(default_factory=dict)  # what preparation dropped, and why
 
 
 def data_cache_url(config: Config) -> str:
@@ -47,31 +69,93 @@ def data_cache_url(config: Config) -> str:
 
 
 def prepare_data(config: Config) -> PreparedData:
-    """Generate (synthetic) or load (GSM8K) the problems once per data config.
+    """Generate (synthetic) or load (GSM8K, any tabular dataset) the problems once per data
+    config.
 
     Written as ``train.jsonl`` and ``test.jsonl`` under :func:`data_cache_url` (test first: a
-    reader that finds ``train.jsonl`` finds both); later runs read them back.
+    reader that finds ``train.jsonl`` finds both), with ``notes.json``; later runs read them back.
     """
     base = data_cache_url(config)
     train_url, test_url = join(base, "train.jsonl"), join(base, "test.jsonl")
+    notes_url = join(base, "notes.json")
     if exists(train_url):
         logger.info("data cache hit: %s", base)
-        return PreparedData(read_jsonl(train_url), read_jsonl(test_url), train_url, test_url, True)
+        notes = json.loads(read_text(notes_url)) if exists(notes_url) else {}
+        train, test = read_jsonl(train_url), read_jsonl(test_url)
+        return PreparedData(train, test, train_url, test_url, True, notes)
     data = config.data
+    notes: dict[str, Any] = {}
     if data.source == "synthetic":
         seed = config.experiment.seed
         train, test = generate_splits(data.synthetic, data.n_train, data.n_test, seed)
-    else:
+    elif data.source == "gsm8k":
         train = load_gsm8k(data.gsm8k_path, "train", strict=data.strict, limit=data.n_train or None)
         test = load_gsm8k(data.gsm8k_path, "test", strict=data.strict, limit=data.n_test or None)
+    else:
+        train, test, notes = load_dataset_splits(config)
+    write_json(notes_url, notes)
     write_jsonl(test_url, test)
     write_jsonl(train_url, train)
     logger.info("prepared %d train / %d test problems (%s)", len(train), len(test), data.source)
-    return PreparedData(train, test, train_url, test_url)
+    return PreparedData(train, test, train_url, test_url, notes=notes)
+
+
+def load_dataset_splits(config: Config) -> tuple[list[dict], list[dict], dict[str, Any]]:
+    """``data.source=dataset``: train and eval samples through the column mapping, the eval set
+    from ``data.test_path`` or ``data.test_split`` or a ``data.test_ratio`` share of train, with
+    test questions removed from train."""
+    data = config.data
+    columns = Columns(
+        data.prompt_key, data.answer_key, data.system_key, data.id_key, tuple(data.metadata_keys)
+    )
+
+    def samples(path: str, split: str) -> list[dict]:
+        rows, label = load_table(path, split)
+        try:
+            return to_samples(rows, columns, label, name=split)
+        except ColumnError as err:
+            raise ConfigError(str(err)) from None
+
+    train = samples(data.path, data.train_split)
+    if data.test_ratio > 0:
+        train, test = split_by_ratio(train, data.test_ratio, config.experiment.seed)
+    else:
+        test = samples(data.test_path or data.path, data.test_split)
+    train, overlap = remove_test_questions(train, test)
+    if overlap:
+        logger.warning("removed %d training question(s) that are also in the eval set", overlap)
+    train, test = train[: data.n_train or None], test[: data.n_test or None]
+    return train, test, {"train_questions_in_test_removed": overlap}
+
+
+def fit_prompts(config: Config, data: PreparedData, model_dir: str) -> PreparedData:
+    """Drop samples whose prompt is longer than ``data.max_prompt_tokens`` (as the model will
+    see it: through :class:`~core.data.prompting.Prompter`), counting them per split."""
+    limit = config.data.max_prompt_tokens
+    if limit <= 0:
+        return data
+    prompter = Prompter.from_config(
+        config, load_tokenizer(config.model.tokenizer_path or model_dir)
+    )
+
+    def fits(sample: dict) -> bool:
+        return len(prompter.prompt_ids(sample["question"], sample.get("system"))) <= limit
+
+    train = [s for s in data.train if fits(s)]
+    test = [s for s in data.test if fits(s)]
+    dropped = {"train": len(data.train) - len(train), "test": len(data.test) - len(test)}
+    if any(dropped.values()):
+        logger.warning(
+            "dropped prompts longer than data.max_prompt_tokens=%d: %d of %d train, %d of %d test",
+            limit, dropped["train"], len(data.train), dropped["test"], len(data.test),
+        )  # fmt: skip
+    notes = {**data.notes, "prompts_over_max_tokens_dropped": dropped}
+    return dataclasses.replace(data, train=train, test=test, notes=notes)
 
 
 def training_texts(samples: list[dict], template: str) -> list[str]:
-    """Prompt + solution, the text a model sees in supervised training."""
+    """Prompt + solution, the text a from-scratch model's tokenizer is trained on (its chat
+    format does not exist yet: the ``template`` format's text)."""
     return [f"{render_prompt(s['question'], template)}{s['answer']}" for s in samples]
 
 
@@ -114,17 +198,19 @@ def evaluate_model(
     the configured engine (as the RL stage evaluates)."""
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_dir)
     engine = build_engine(config, str(model_dir))
+    workflow = build_workflow(config, tokenizer)
     try:
         return asyncio.run(
             evaluate_workflow(
                 engine,
-                build_workflow(config, tokenizer),
+                workflow,
                 test[: config.eval.n_problems or len(test)],
                 on_sample=on_sample,
                 **eval_settings(config),
             )
         )
     finally:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+        for part in (workflow, engine):
+            close = getattr(part, "close", None)
+            if close is not None:
+                close()

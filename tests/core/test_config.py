@@ -299,3 +299,43 @@ def test_every_config_dataclass_uses_the_one_help_idiom() -> None:
 def test_bad_values_and_plugins_fail_before_any_work(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(QUICKSTART, [override])
+
+
+def test_fileroot_from_the_environment_only_when_left_at_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ASYNCRL_FILEROOT (what `asyncrl stack up` prints) replaces a fileroot left at `runs`:
+    absent from the YAML or restated there as the shipped configs do; never one given on the
+    command line, by a variant, or any other value in the YAML."""
+    from core.config.loading import FILEROOT_ENV, fileroot_origin
+
+    monkeypatch.delenv(FILEROOT_ENV, raising=False)
+    assert load_config(QUICKSTART).cluster.fileroot == "runs"
+    assert fileroot_origin(load_config(QUICKSTART)) == "cluster.fileroot"
+
+    monkeypatch.setenv(FILEROOT_ENV, "s3://stack/runs")
+    from_env = load_config(QUICKSTART)  # its YAML says `fileroot: runs`
+    assert from_env.cluster.fileroot == "s3://stack/runs"
+    assert from_env.run_dir.startswith("s3://stack/runs/quickstart/")
+    assert "from ASYNCRL_FILEROOT" in fileroot_origin(from_env)
+    assert load_config(None).cluster.fileroot == "s3://stack/runs"
+    assert load_config(write(tmp_path, "sft:\n  steps: 3\n")).cluster.fileroot == "s3://stack/runs"
+
+    explicit = load_config(QUICKSTART, ["cluster.fileroot=runs"])
+    assert explicit.cluster.fileroot == "runs"
+    assert "ASYNCRL_FILEROOT is not used" in fileroot_origin(explicit)
+    assert load_config(QUICKSTART, [f"cluster.fileroot={tmp_path}"]).cluster.fileroot == str(
+        tmp_path
+    )
+    assert load_config(write(tmp_path, "cluster:\n  fileroot: /data/runs\n")).cluster.fileroot == (
+        "/data/runs"
+    )
+    source = parse_config(QUICKSTART, ["sft.steps=3"])
+    assert source.resolve({"experiment.seed": 2}).cluster.fileroot == "s3://stack/runs"
+    assert source.resolve({"cluster.fileroot": "runs"}).cluster.fileroot == "runs"
+    assert source.with_values({"sft.enabled": False}).resolve().cluster.fileroot == (
+        "s3://stack/runs"
+    )
+
+    monkeypatch.setenv(FILEROOT_ENV, "")  # set but empty: not a fileroot
+    assert load_config(QUICKSTART).cluster.fileroot == "runs"

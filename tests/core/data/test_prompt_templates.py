@@ -1,10 +1,11 @@
-"""Prompt templates: rendering, chat messages, unknown names."""
+"""Prompt templates: named ones and format strings."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.data import TEMPLATES, chat_messages, render_prompt
+from core.data import TEMPLATES, render_prompt
+from core.data.templates import template_problems
 
 pytestmark = pytest.mark.unit
 
@@ -26,14 +27,13 @@ def test_braces_in_question_are_kept() -> None:
         assert question in render_prompt(question, name)
 
 
-def test_chat_messages() -> None:
-    messages = chat_messages("What is 2+3?", "gsm8k_cot")
-    assert messages == [{"role": "user", "content": render_prompt("What is 2+3?", "gsm8k_cot")}]
-    assert chat_messages("Q", "plain")[0]["content"] == "Question: Q\nAnswer: "
+def test_a_format_string_is_a_template() -> None:
+    assert render_prompt("2+3?", "Q: {question}\nA: ") == "Q: 2+3?\nA: "
 
 
-def test_unknown_template_lists_valid_names() -> None:
-    with pytest.raises(ValueError, match=r"'nope'.*'gsm8k_cot'.*'plain'"):
-        render_prompt("Q", "nope")
-    with pytest.raises(ValueError, match="plain"):
-        chat_messages("Q", "nope")
+def test_template_problems_name_the_placeholder_or_the_valid_names() -> None:
+    assert template_problems("plain") == [] and template_problems("Q: {question} A:") == []
+    assert "'gsm8k_cot'" in template_problems("nope")[0]  # not a name, no {question}
+    (problem,) = template_problems("Q: {qestion} A:")
+    assert "['qestion']" in problem and "available: ['{question}']" in problem
+    assert "not a valid format string" in template_problems("Q: {question")[0]

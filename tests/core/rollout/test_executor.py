@@ -303,8 +303,10 @@ def test_a_filter_that_refuses_everything_warns_then_stops(
     with caplog.at_level("WARNING", logger="core.rollout.executor"):
         executor = run(main())
     warnings = [r.getMessage() for r in caplog.records if "refused the last" in r.getMessage()]
-    assert len(warnings) == 3  # one per batch_size (4) refused groups
-    assert executor.counters.filtered == executor.counters.filtered_in_a_row == 12
+    # one warning per batch_size (4) refused groups; groups already running may finish after
+    # the 12th, before prepare_batch sees the error
+    assert executor.counters.filtered == executor.counters.filtered_in_a_row >= 12
+    assert len(warnings) == executor.counters.filtered // 4
 
 
 def test_a_stalled_batch_is_logged_then_times_out_saying_what_it_waits_for(

@@ -1,0 +1,108 @@
+"""The one path from a sample to model input and back: prompt ids, target ids, stop tokens.
+
+SFT warm start, rollout, eval and the tool agent all build prompts here, so a model is trained
+and scored on exactly the tokens it is sampled with.
+
+``data.prompt_format``:
+
+- ``template``: ``data.template`` — a name in :data:`core.data.templates.TEMPLATES` or a format
+  string with a ``{question}`` placeholder (``"Q: {question}\\nA: "``) — tokenized with the
+  tokenizer's own special tokens (a BOS for models that expect one, none for those that don't).
+- ``chat``: the tokenizer's chat template (``apply_chat_template``) over an optional system
+  message (``data.system_prompt``) and a user message holding the rendered ``data.template``,
+  with the generation prompt added. The template writes its own special tokens.
+
+Generation stops at EOS and, for ``chat``, at the template's end-of-turn token(s) — found by
+rendering an assistant turn and reading which special tokens close it (``<|im_end|>`` for Qwen,
+``<|eot_id|>`` for Llama 3). SFT targets end with the same token a sampled answer ends with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from core.data.templates import render_prompt, template_problems
+
+PROMPT_FORMATS = ("template", "chat")
+_PROBE = "\x1fasyncrl-probe\x1f"  # an assistant reply no template contains
+
+
+def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The special tokens the chat template closes an assistant turn with."""
+    messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    tail = str(text).split(_PROBE, 1)[-1]
+    special = set(tokenizer.all_special_ids) | {
+        i for i, tok in tokenizer.added_tokens_decoder.items() if tok.special
+    }
+    return [i for i in tokenizer(tail, add_special_tokens=False)["input_ids"] if i in special]
+
+
+@dataclass
+class Prompter:
+    """Builds prompt and target token ids the same way for SFT, rollout and eval."""
+
+    tokenizer: PreTrainedTokenizerBase
+    prompt_format: str = "template"
+    template: str = "plain"
+    system_prompt: str = ""
+    stop_ids: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(
+                f"data.prompt_format={self.prompt_format!r} is not one of {list(PROMPT_FORMATS)}"
+            )
+        problems = template_problems(self.template)
+        if problems:
+            raise ValueError(problems[0])
+        if self.prompt_format == "chat" and not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(
+                "data.prompt_format=chat needs a tokenizer with a chat template "
+                f"({self.tokenizer.name_or_path or 'this tokenizer'} has none); "
+                "use data.prompt_format=template"
+            )
+        eos = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        turn_end = end_of_turn_ids(self.tokenizer) if self.prompt_format == "chat" else []
+        self.stop_ids = list(dict.fromkeys([*turn_end, *eos]))
+
+    @classmethod
+    def from_config(cls, config: Any, tokenizer: PreTrainedTokenizerBase) -> Prompter:
+        """From a :class:`core.config.Config` (its ``data`` section)."""
+        data = config.data
+        return cls(tokenizer, data.prompt_format, data.template, data.system_prompt)
+
+    def user_text(self, question: str) -> str:
+        return render_prompt(question, self.template)
+
+    def prompt_text(self, question: str, system: str | None = None) -> str:
+        """The prompt as text, special tokens included (for chat). ``system`` (a sample's own
+        system prompt) replaces ``data.system_prompt``."""
+        if self.prompt_format == "template":
+            return self.user_text(question)
+        messages = [{"role": "user", "content": self.user_text(question)}]
+        if system or self.system_prompt:
+            messages.insert(0, {"role": "system", "content": system or self.system_prompt})
+        return str(
+            self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        )
+
+    def prompt_ids(self, question: str, system: str | None = None) -> list[int]:
+        """Model input for ``question``, special tokens exactly as the tokenizer defines them."""
+        text = self.prompt_text(question, system)
+        if self.prompt_format == "template":
+            return list(self.tokenizer(text)["input_ids"])
+        # the chat template wrote the special tokens; tokenizing must not add more
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def target_ids(self, answer: str) -> list[int]:
+        """An SFT target: the answer, then the token a sampled answer stops at."""
+        ids = list(self.tokenizer(answer, add_special_tokens=False)["input_ids"])
+        return ids + self.stop_ids[:1]
+
+    def training_text(self, question: str, answer: str) -> str:
+        """Prompt + answer as text (e.g. a tokenizer-training corpus)."""
+        return f"{self.prompt_text(question)}{answer}"
