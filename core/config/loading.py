@@ -228,6 +228,7 @@ def validate(config: Config) -> None:
         raise ConfigError(problem)
     if config.data.source == "dataset" and not config.data.path:
         raise ConfigError("data.source=dataset needs data.path (a hub id, folder, file or URL)")
+    _check_data_paths(config)
     if config.data.test_ratio >= 1:
         raise ConfigError(f"data.test_ratio={config.data.test_ratio} must be < 1")
     if config.eval.n_samples > 0 and not config.eval.temperature > 0:
@@ -267,6 +268,20 @@ def validate(config: Config) -> None:
 
 _STAMP = "%Y%m%d-%H%M%S"
 _STAMPED = re.compile(r"^\d{8}-\d{6}$")
+
+
+def _check_data_paths(config: Config) -> None:
+    """A local data path that does not exist fails now, not when the data stage starts (remote
+    URLs and hub ids are checked by the loader; ``org/name`` is taken for a hub id)."""
+    data = config.data
+    paths = {"data.gsm8k_path": data.gsm8k_path} if data.source == "gsm8k" else {}
+    if data.source == "dataset":
+        paths = {"data.path": data.path, "data.test_path": data.test_path}
+    for key, value in paths.items():
+        explicit = value.startswith(("/", ".", "~", "file://"))
+        local = Path(value.removeprefix("file://")).expanduser()
+        if value not in ("", "bundled", "hub") and explicit and not local.exists():
+            raise ConfigError(f"{key}={value!r}: no such file or folder")
 
 
 def stamp_trial(config: Config) -> Config:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import LineProgress, app
+from flows.cli import app
+from flows.progress import LineProgress
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = str(ROOT / "experiments" / "quickstart.yaml")

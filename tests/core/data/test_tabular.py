@@ -141,3 +141,12 @@ def test_a_run_on_a_jsonl_dataset_with_its_own_column_names(tmp_path: Path) -> N
         run_experiment(
             load_config(QUICKSTART, [*base, "experiment.trial=typo", "data.prompt_key=question"])
         )
+
+
+def test_a_missing_local_data_path_fails_at_config_time(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"data.path='.*absent.jsonl': no such file"):
+        load_config(QUICKSTART, ["data.source=dataset", f"data.path={tmp_path}/absent.jsonl"])
+    with pytest.raises(ConfigError, match=r"data.gsm8k_path='.*nope': no such file"):
+        load_config(QUICKSTART, ["data.source=gsm8k", f"data.gsm8k_path={tmp_path}/nope"])
+    hub = load_config(QUICKSTART, ["data.source=dataset", "data.path=openai/gsm8k"])
+    assert hub.data.path == "openai/gsm8k"  # a hub id: checked by the loader, not here
