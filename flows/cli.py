@@ -336,6 +336,49 @@ def compare(
     console.print(f"plot: {plot_curves(records, out)}")
 
 
+@app.command()
+def runs(
+    fileroot: Annotated[
+        str | None,
+        typer.Option(help="Where the runs are; default ASYNCRL_FILEROOT, else 'runs'."),
+    ] = None,
+    experiment: Annotated[
+        str | None, typer.Option("--experiment", help="Only this experiment's runs.")
+    ] = None,
+) -> None:
+    """List the runs under a fileroot: state, RL step, accuracy, checkpoint, MLflow/Prefect ids."""
+    from core.runtime.runs import list_runs
+
+    root = fileroot or os.environ.get("ASYNCRL_FILEROOT") or "runs"
+    found = list_runs(root, experiment)
+    if not found:
+        err_console.print(f"no runs under {root}" + (f" for {experiment!r}" if experiment else ""))
+        raise typer.Exit(code=1)
+    table = Table(title=f"runs under {redact_value(root)}")
+    for column in ("experiment", "trial", "state", "step", "accuracy", "checkpoint", "tracking"):
+        table.add_column(column, justify="right" if column in ("step", "accuracy") else "left")
+    for run in found:
+        tracking = " ".join(
+            part
+            for part in (
+                f"mlflow {run.mlflow}" if run.mlflow else "",
+                f"prefect {run.prefect_flow_run}" if run.prefect_flow_run else "",
+                f"({run.owner})" if run.owner else "",
+            )
+            if part
+        )
+        table.add_row(
+            run.experiment,
+            run.trial,
+            run.state,
+            "-" if run.step is None else str(run.step),
+            "-" if run.accuracy is None else f"{run.accuracy:.3f}",
+            "-" if run.checkpoint is None else f"v{run.checkpoint}",
+            tracking or "-",
+        )
+    console.print(table)
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench(
     ctx: typer.Context,

@@ -82,7 +82,7 @@ class RunLock:
         self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
         current = self._read()
         if current is not None:
-            why = self._stale(current)
+            why = self.stale_reason(current)
             if why is None:
                 raise RunLockedError(self._owned_message(current))
             logger.warning("taking over the lock of %s: %s", self.run_dir, why)
@@ -151,6 +151,10 @@ class RunLock:
             with self.fs.open(self.path, "w") as f:
                 f.write(blob)
 
+    def read(self) -> dict[str, Any] | None:
+        """The lock's record, or None when the folder is not locked."""
+        return self._read()
+
     def _read(self) -> dict[str, Any] | None:
         try:
             self.fs.invalidate_cache(self.path)
@@ -167,7 +171,7 @@ class RunLock:
         except (OSError, NotImplementedError):
             return time.time()
 
-    def _stale(self, record: dict[str, Any]) -> str | None:
+    def stale_reason(self, record: dict[str, Any]) -> str | None:
         """Why ``record`` no longer holds the folder, or None while its owner may be alive."""
         if record.get("host") == socket.gethostname() and "pid" in record:
             if not _alive(int(record["pid"]), record.get("pid_started")):
