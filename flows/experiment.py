@@ -21,6 +21,7 @@ from core.config import Config, stamp_trial
 from core.runtime.job import Pipeline, StageProgress
 from core.runtime.run_lock import lock_run
 from core.runtime.trainer import EvalCallback
+from core.storage import join, local_path
 from tasks.mlflow_tracking import MLflowSink, log_summary, run_url, start_run, tracking_uri
 from tasks.redacted_flow import redacted_flow
 from tasks.stages import prefect_stage
@@ -94,7 +95,9 @@ def experiment(
             lock=False,
         )
         summary = pipeline.run(extra=ids)
-        log_summary(run_id, summary)
+        timeline = local_path(join(config.run_dir, "timeline"))
+        plots = {f"timeline/{f.name}": f for f in sorted(timeline.glob("timeline.*"))}
+        log_summary(run_id, summary, plots)
         create_markdown_artifact(
             markdown=summary_markdown(summary, run_id, url),
             key="experiment-summary",

@@ -35,6 +35,7 @@ from core.runtime.advantages import with_advantages
 from core.runtime.checkpointing import CheckpointManager
 from core.runtime.metrics import MetricSink
 from core.runtime.placement import LearnerGroup, start_learners, start_rollout
+from core.runtime.timeline import StepRecord, Timeline
 from core.storage import (
     download_dir,
     download_file,
@@ -120,6 +121,7 @@ class Trainer:
         self._paused = 0.0
         self._saved = 0  # the version of the last committed checkpoint
         self._rollout_state: dict[str, Any] | None = None  # for a checkpoint on a signal
+        self.timeline = Timeline()
         self.batches_path = local_path(join(config.run_dir, "batches.jsonl"))
         self.batches_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -148,6 +150,7 @@ class Trainer:
                 "wall_s": 0.0,
             }
             run_started = self._started = time.perf_counter()
+            self.timeline.pauses.clear()  # the starting eval ran before the RL clock
             self._paused = 0.0  # eval and checkpoint seconds since the RL clock started
             self._saved = start
             for step in range(start, cfg.learner.total_steps):
@@ -167,6 +170,7 @@ class Trainer:
                 self._evaluate(rollout, version)
             final_dir = self._export(learners, version)
             stats = rollout.call("stats")
+            self._write_timeline()
         finally:
             if rollout is not None:
                 rollout.close()
@@ -232,6 +236,13 @@ class Trainer:
             metrics["reward/kl_in_reward"] = float(masked_mean(kl, batch.loss_mask))
         self.sink.log_metrics(metrics, step)
         self._log_batch(step, version, groups, staleness)
+        interrupted = sum(
+            1 for g in groups for t in g.trajectories if t.metadata.get("n_resumes", 0) > 0
+        )
+        self.timeline.steps.append(
+            StepRecord(step, version, t0 - self._started, t_wait, t_train, publish_s,
+                       float(np.mean(staleness)), int(max(staleness)), interrupted, len(batch))
+        )  # fmt: skip
         logger.info(
             "step %d: reward %.3f, staleness %.2f/%d, wait %.2fs train %.2fs publish %.2fs",
             step,
@@ -278,6 +289,7 @@ class Trainer:
         # elapsed_s: RL wall time when this eval started; rl_s: the same without the earlier eval
         # and checkpoint pauses (for time-to-target-accuracy).
         seconds = time.perf_counter() - t0
+        self.timeline.pause("eval", t0 - self._started, seconds)
         result.update(
             version=version,
             seconds=seconds,
@@ -321,6 +333,7 @@ class Trainer:
         self.ckpt.commit(version, recover)
         self._saved = version
         self._paused += time.perf_counter() - t0
+        self.timeline.pause("checkpoint", t0 - self._started, time.perf_counter() - t0)
 
     def _checkpoint_on_signal(self, learners: LearnerGroup, rollout: Any, version: int) -> None:
         """``checkpoint.on_signal``: the run is stopping on a signal; keep its progress.
@@ -413,6 +426,15 @@ class Trainer:
             staging = self.batches_path.with_suffix(".jsonl.tmp")
             staging.write_text("".join(kept))
             staging.replace(self.batches_path)
+
+    def _write_timeline(self) -> None:
+        """``timeline.json`` / ``timeline.png`` beside the run (uploaded for a remote run folder)."""
+        url = join(self.config.run_dir, "timeline")
+        try:
+            self.timeline.write(local_path(url))
+            upload_dir(local_path(url), url)
+        except Exception:  # a plot must never fail a finished run
+            logger.exception("could not write the timeline")
 
     def _export(self, learners: LearnerGroup, version: int) -> str:
         return str(self._write_hf(learners, version, join(self.config.run_dir, "final")))

@@ -138,6 +138,8 @@ def test_run_main_job_writes_summary(tmp_path: Path) -> None:
     assert summary["prefect_flow_run_id"] and summary["mlflow_run_id"]
     assert (tmp_path / "mlflow.db").exists()
     assert f"MLflow run: {summary['mlflow_run_id']}" in proc.stdout
+    # the asynchrony timeline is an artifact of the MLflow run
+    assert [p.name for p in tmp_path.rglob("timeline/timeline.png") if "mlartifacts" in str(p)]
 
 
 @pytest.mark.unit

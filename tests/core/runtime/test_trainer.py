@@ -86,6 +86,19 @@ def test_rl_run_respects_staleness_and_publishes(tmp_path: Path, eta: int) -> No
     start, final = load_model(run_dir / "model_init"), load_model(summary["final_model_dir"])
     assert any((a - b).abs().max() > 0 for a, b in zip(start.parameters(), final.parameters()))
     assert CheckpointManager(summary["checkpoint_url"]).latest() == 4
+    # the timeline: one record per step, in order, each step's parts within its slot
+    timeline = json.loads((run_dir / "timeline" / "timeline.json").read_text())
+    records = timeline["steps"]
+    assert [r["version"] for r in records] == [1, 2, 3, 4]
+    for record, after in zip(records, records[1:], strict=False):
+        busy = record["wait_s"] + record["train_s"] + record["publish_s"]
+        assert record["start"] + busy <= after["start"] + 0.05
+    assert [r["staleness_max"] for r in records] == [max(b["staleness"]) for b in batches]
+    assert {p["kind"] for p in timeline["pauses"]} == {"checkpoint", "eval"}
+    import matplotlib.image
+
+    height, width, _ = matplotlib.image.imread(run_dir / "timeline" / "timeline.png").shape
+    assert height > 300 and width > 600
 
 
 @pytest.mark.e2e
