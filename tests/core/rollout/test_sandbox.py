@@ -20,6 +20,7 @@ import pytest
 from core.rollout import sandbox, sandbox_kernel
 from core.rollout.sandbox import Isolation, SandboxLimits, ToolResult, netns_available, run_python
 from core.rollout.sandbox_kernel import FEATURES, seccomp_program
+from tests.processes import live_descendants
 
 pytestmark = pytest.mark.unit
 
@@ -57,7 +58,7 @@ def test_common_stdlib_still_works() -> None:
 
 
 def test_infinite_loop_is_killed_at_the_wall_time_limit() -> None:
-    before = {p.pid for p in _live_children()}
+    before = {p.pid for p in live_descendants()}
     start = time.monotonic()
     result = run("print('started', flush=True)\nwhile True:\n    pass")
     assert time.monotonic() - start < FAST.wall_time_s + 2.0
@@ -420,7 +421,7 @@ def _run_bpf(prog: list[tuple[int, int, int, int]], nr: int, arch: int, args: tu
 
 
 def test_cancelled_call_kills_its_process() -> None:
-    before = {p.pid for p in _live_children()}  # e.g. a session-wide moto_server
+    before = {p.pid for p in live_descendants()}  # e.g. a session-wide moto_server
 
     async def cancel_midway() -> None:
         with pytest.raises(TimeoutError):
@@ -431,7 +432,7 @@ def test_cancelled_call_kills_its_process() -> None:
     asyncio.run(cancel_midway())
     deadline = time.monotonic() + 2.0
     while (
-        alive := [p for p in _live_children() if p.pid not in before]
+        alive := [p for p in live_descendants() if p.pid not in before]
     ) and time.monotonic() < deadline:
         time.sleep(0.05)  # SIGKILL was sent on cancellation; give the kernel a moment
     assert alive == []
@@ -439,19 +440,8 @@ def test_cancelled_call_kills_its_process() -> None:
 
 def _wait_for_no_new_children(before: set[int], timeout: float = 2.0) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout
-    while (alive := [p for p in _live_children() if p.pid not in before]) and (
+    while (alive := [p for p in live_descendants() if p.pid not in before]) and (
         time.monotonic() < deadline
     ):
         time.sleep(0.05)
-    return alive
-
-
-def _live_children() -> list[psutil.Process]:
-    alive = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                alive.append(child)
-        except psutil.NoSuchProcess:
-            pass
     return alive

@@ -29,6 +29,7 @@ import pytest
 
 from core.rollout import sandbox
 from core.rollout.sandbox import SandboxLimits, ToolResult, run_python
+from tests.processes import live_descendants
 
 pytestmark = pytest.mark.unit
 
@@ -65,9 +66,9 @@ def _remove_audit_hook(monkeypatch: pytest.MonkeyPatch) -> None:
 def no_leftovers() -> Iterator[None]:
     """After the test: no new sandbox temp dir on the host, no tool process alive."""
     pattern = os.path.join(tempfile.gettempdir(), "asyncrl-sandbox-*")
-    dirs_before, procs_before = set(glob.glob(pattern)), {p.pid for p in _live_descendants()}
+    dirs_before, procs_before = set(glob.glob(pattern)), {p.pid for p in live_descendants()}
     yield
-    strays = _wait_until_gone([p for p in _live_descendants() if p.pid not in procs_before])
+    strays = _wait_until_gone([p for p in live_descendants() if p.pid not in procs_before])
     left = _clean_up(strays, set(glob.glob(pattern)) - dirs_before)
     assert strays == [] and left == [], f"outlived their call: {strays}, {left}"
 
@@ -80,17 +81,6 @@ def _clean_up(strays: list[psutil.Process], dirs: set[str]) -> list[str]:
     for path in dirs:
         shutil.rmtree(path, ignore_errors=True)
     return sorted(dirs)
-
-
-def _live_descendants(root: psutil.Process | None = None) -> list[psutil.Process]:
-    alive = []
-    for child in (root or psutil.Process()).children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                alive.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
 
 
 def _wait_until_gone(procs: list[psutil.Process], timeout: float = 5.0) -> list[psutil.Process]:
@@ -315,7 +305,7 @@ def test_killing_the_parent_kills_the_tool_tree(tmp_path: Path) -> None:
         tree: list[psutil.Process] = []
         while time.monotonic() < deadline and not any(_is_tool(p) for p in tree):
             time.sleep(0.05)
-            tree = _live_descendants(psutil.Process(parent.pid))
+            tree = live_descendants(psutil.Process(parent.pid))
         assert any(_is_tool(p) for p in tree), f"the tool process never started: {tree}"
         time.sleep(0.3)  # let it write into its workdir
         parent.kill()
@@ -333,7 +323,7 @@ def test_tool_runs_as_an_unprivileged_uid_on_the_host(mode: str, no_leftovers: N
         call = asyncio.create_task(run_python("import time\ntime.sleep(1.5)", LIMITS))
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            tools = [p for p in _live_descendants() if _is_tool(p)]
+            tools = [p for p in live_descendants() if _is_tool(p)]
             if tools:
                 uids = list(tools[0].uids()) + list(tools[0].gids())
                 return await call, uids
