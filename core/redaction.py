@@ -80,3 +80,8 @@ def redact(data: Mapping[str, Any]) -> dict[str, Any]:
         return value
 
     return {str(k): clean(str(k), v) for k, v in data.items()}
+
+
+def secret_overrides(overrides: list[str]) -> list[str]:
+    """The ``key=value`` overrides that hold a secret, shown redacted (for an error or warning)."""
+    return [redact_value(o) for o in overrides if redact_value(o) != o]

@@ -8,7 +8,7 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import typer
@@ -17,6 +17,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from core.config import (
+    ClusterConfig,
     Config,
     ConfigError,
     ConfigSource,
@@ -25,13 +26,10 @@ from core.config import (
     stamp_trial,
     to_yaml,
 )
-from core.config.loading import fileroot_origin
-from core.redaction import redact_value
+from core.config.loading import FILEROOT_ENV, fileroot_origin
+from core.redaction import redact_value, secret_overrides
 from flows.progress import stage_display
 from tasks import PREFECT_STARTUP_TIMEOUT_VAR
-
-if TYPE_CHECKING:
-    pass  # imports torch: not at start-up
 
 logger = logging.getLogger(__name__)
 
@@ -290,10 +288,10 @@ def deploy(
             "(e.g. UTC, Europe/Berlin, America/New_York)"
         )
         raise typer.Exit(code=2) from None
-    secret = [o for o in overrides or [] if redact_value(o) != o]
+    secret = secret_overrides(overrides or [])
     if secret:  # they would be stored in Prefect's database as the deployments' defaults
         err_console.print(
-            f"[bold red]error:[/] override(s) {[redact_value(o) for o in secret]} hold a secret, "
+            f"[bold red]error:[/] override(s) {secret} hold a secret, "
             "which Prefect would store with the deployments. Put it in the environment of this "
             "process and write key=${oc.env:NAME} instead."
         )
@@ -349,7 +347,7 @@ def runs(
     """List the runs under a fileroot: state, RL step, accuracy, checkpoint, MLflow/Prefect ids."""
     from core.runtime.runs import list_runs
 
-    root = fileroot or os.environ.get("ASYNCRL_FILEROOT") or "runs"
+    root = fileroot or os.environ.get(FILEROOT_ENV, "").strip() or ClusterConfig().fileroot
     found = list_runs(root, experiment)
     if not found:
         err_console.print(f"no runs under {root}" + (f" for {experiment!r}" if experiment else ""))

@@ -19,7 +19,7 @@ from prefect import serve
 from prefect.schedules import Cron
 
 from core.config import ConfigError, parse_config
-from core.redaction import redact_value
+from core.redaction import secret_overrides
 from flows.ablation import DEFAULT_ALGORITHMS, ablation, ablation_variants
 from flows.experiment import experiment
 from tasks.redacted_flow import redacted_flow
@@ -29,13 +29,12 @@ logger = logging.getLogger(__name__)
 
 def _warn_on_secrets(overrides: list[str]) -> None:
     """Prefect stored these parameters as the run form sent them: say so if one held a secret."""
-    for override in overrides:
-        if redact_value(override) != override:
-            logger.warning(
-                "override %s holds a secret, which Prefect has stored with this flow run's "
-                "parameters; put it in the worker's environment as key=${oc.env:NAME} instead",
-                redact_value(override),
-            )
+    for override in secret_overrides(overrides):
+        logger.warning(
+            "override %s holds a secret, which Prefect has stored with this flow run's "
+            "parameters; put it in the worker's environment as key=${oc.env:NAME} instead",
+            override,
+        )
 
 
 @contextmanager

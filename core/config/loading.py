@@ -34,6 +34,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from core.algorithms.config import PRESETS
 from core.config.sections import ClusterConfig, Config, ConfigError
+from core.data.prompting import PROMPT_FORMATS
 from core.data.templates import template_problems
 from core.rewards.registry import resolve_reward
 from core.rollout.api import workflow_class
@@ -47,7 +48,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.source": ("synthetic", "gsm8k", "dataset"),
     "rollout.engine": ("hf", "sglang", "vllm"),
     "checkpoint.recover": ("off", "auto"),
-    "data.prompt_format": ("template", "chat"),
+    "data.prompt_format": PROMPT_FORMATS,
     "rollout.sandbox": ("strict", "best_effort"),
 }
 
@@ -306,17 +307,22 @@ def stamp_trial(config: Config) -> Config:
     return config
 
 
-def latest_trial(config: Config) -> str | None:
-    """The trial ``recover=auto`` resumes when none is given (see :func:`stamp_trial`)."""
-    root = f"{config.cluster.fileroot.rstrip('/')}/{config.experiment.name}"
-    fs, path = url_to_fs(root)
-    if not fs.exists(path):
-        return None
-    trials = sorted(
+def run_trials(fileroot: str, experiment: str) -> list[str]:
+    """The run folders (those with a ``config.yaml``) under ``{fileroot}/{experiment}``, sorted."""
+    fs, path = url_to_fs(f"{fileroot.rstrip('/')}/{experiment}")
+    if not fs.isdir(path):
+        return []
+    return sorted(
         entry.rstrip("/").rsplit("/", 1)[-1]
         for entry in fs.ls(path, detail=False)
         if fs.exists(f"{entry.rstrip('/')}/config.yaml")  # a run folder, not a cache
     )
+
+
+def latest_trial(config: Config) -> str | None:
+    """The trial ``recover=auto`` resumes when none is given (see :func:`stamp_trial`)."""
+    root = f"{config.cluster.fileroot.rstrip('/')}/{config.experiment.name}"
+    trials = run_trials(config.cluster.fileroot, config.experiment.name)
     if len(trials) <= 1:
         return trials[0] if trials else None
     named = [t for t in trials if not _STAMPED.match(t)]

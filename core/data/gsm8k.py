@@ -158,15 +158,15 @@ def _resolve_file(url: str, split: str, storage_options: dict) -> tuple[str, str
 
 def _load_file(
     url: str, split: str, storage_options: dict, strict: bool = False
-) -> tuple[list[dict], list[str], list[tuple[str, str]]]:
-    """(rows, their labels, unreadable records) of a file or folder source."""
+) -> tuple[list[dict], list[int] | None, list[tuple[str, str]]]:
+    """(rows, their 1-based line numbers for a JSONL file else None, unreadable records)."""
     import datasets
 
     data_url, builder = _resolve_file(url, split, storage_options)
     logger.debug("Loading %s as %s", data_url, builder)
     if data_url.endswith(".jsonl"):
         numbered, bad = read_jsonl_lines(data_url, storage_options, strict)
-        return [row for _, row in numbered], [f"line {n}" for n, _ in numbered], bad
+        return [row for _, row in numbered], [n for n, _ in numbered], bad
     ds = datasets.load_dataset(
         builder,
         data_files=data_url,
@@ -174,8 +174,7 @@ def _load_file(
         # datasets adds an "hf" entry to the dict it is given; never hand it the caller's.
         storage_options=copy.deepcopy(storage_options),
     )
-    rows = ds.to_list()
-    return rows, [f"row {i}" for i in range(len(rows))], []
+    return ds.to_list(), None, []
 
 
 def load_gsm8k(
@@ -204,21 +203,22 @@ def load_gsm8k(
         if split not in BUNDLED_SPLITS:
             raise ValueError(f"bundled GSM8K has splits {list(BUNDLED_SPLITS)}, not {split!r}")
         label = f"bundled GSM8K {split}"
-        rows, labels, bad = _load_file(str(BUNDLED_DIR / f"{split}.jsonl"), split, {}, strict)
+        rows, lines, bad = _load_file(str(BUNDLED_DIR / f"{split}.jsonl"), split, {}, strict)
     elif source == "hub":
         import datasets
 
         label = f"hub:{HUB_DATASET} {split}"
         rows = datasets.load_dataset(HUB_DATASET, "main", split=split).to_list()
-        labels, bad = [f"row {i}" for i in range(len(rows))], []
+        lines, bad = None, []
     else:
         label = source
-        rows, labels, bad = _load_file(source, split, options, strict)
+        rows, lines, bad = _load_file(source, split, options, strict)
 
-    for index, (row, where) in enumerate(zip(rows, labels, strict=True)):
+    # a row's place in its file (line N of a JSONL file is N - 1) names it in ids and messages
+    positions = [n - 1 for n in lines] if lines is not None else list(range(len(rows)))
+    labels = [f"line {p + 1}" if lines is not None else f"row {p}" for p in positions]
+    for row, position in zip(rows, positions, strict=True):
         if isinstance(row, dict):
-            # the row's place in its file: line N of a JSONL file is index N - 1
-            position = int(where.split()[1]) - 1 if where.startswith("line") else index
             row_id = row.get("id")
             row["id"] = f"gsm8k-{split}-{position}" if row_id is None else str(row_id)
     samples = validate_rows(rows, label, strict=strict, labels=labels, unreadable=bad)

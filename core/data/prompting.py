@@ -20,11 +20,12 @@ rendering an assistant turn and reading which special tokens close it (``<|im_en
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from core.data.templates import render_prompt, template_problems
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase  # not at CLI start-up
 
 PROMPT_FORMATS = ("template", "chat")
 _PROBE = "\x1fasyncrl-probe\x1f"  # an assistant reply no template contains
@@ -102,7 +103,3 @@ class Prompter:
         """An SFT target: the answer, then the token a sampled answer stops at."""
         ids = list(self.tokenizer(answer, add_special_tokens=False)["input_ids"])
         return ids + self.stop_ids[:1]
-
-    def training_text(self, question: str, answer: str) -> str:
-        """Prompt + answer as text (e.g. a tokenizer-training corpus)."""
-        return f"{self.prompt_text(question)}{answer}"

@@ -102,7 +102,7 @@ def validate_sampling(params: SamplingParams) -> None:
     otherwise turn its row's logits into NaN, and a float ``top_k`` would break the batch's
     tensors for every request in it.
     """
-    if not _is_int(params.max_new_tokens):
+    if not is_int(params.max_new_tokens):
         raise ValueError(f"max_new_tokens={params.max_new_tokens!r} must be an integer")
     for name in ("temperature", "top_p"):
         value = getattr(params, name)
@@ -114,13 +114,14 @@ def validate_sampling(params: SamplingParams) -> None:
         raise ValueError(f"temperature={params.temperature} must be >= 0 (0 = greedy)")
     if not 0.0 < params.top_p <= 1.0:
         raise ValueError(f"top_p={params.top_p} must be in (0, 1]")
-    if not _is_int(params.top_k) or params.top_k < 0:
+    if not is_int(params.top_k) or params.top_k < 0:
         raise ValueError(f"top_k={params.top_k!r} must be an integer >= 0 (0 = off)")
-    if params.seed is not None and not _is_int(params.seed):
+    if params.seed is not None and not is_int(params.seed):
         raise ValueError(f"seed={params.seed!r} must be an integer or None")
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
+    """A JSON integer: ``int`` but not ``bool`` (``True`` is an ``int`` in Python)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from aiohttp import web
 
 from core.inference.hf_engine import HFEngine
+from core.inference.http_client import API_KEY_ENV
 from core.inference.validation import MAX_WEIGHT_VERSION, RequestError, RequestLimits
 from core.inference.weights import local_path
 
-API_KEY_ENV = "ASYNCRL_ENGINE_API_KEY"
 OPEN_PATHS = frozenset({"/health", "/health_generate"})  # no key needed: liveness probes
 
 

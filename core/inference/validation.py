@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.inference.api import SamplingParams
+from core.inference.sampling import is_int
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when a request does not say
 MIN_TEMPERATURE = 1e-6  # below this (and above 0) the scaled logits overflow float32
@@ -130,11 +131,6 @@ def _kind(value: Any) -> str:
         return "null"
     return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
             dict: "object"}.get(type(value), type(value).__name__)  # fmt: skip
-
-
-def is_int(value: Any) -> bool:
-    """A JSON integer: ``int`` but not ``bool`` (``True`` is an ``int`` in Python)."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _object(value: Any, field: str) -> dict[str, Any]:

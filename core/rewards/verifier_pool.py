@@ -156,5 +156,11 @@ def make_scorer(reward_fn: Any, *, workers: int = 0, timeout_s: float = 10.0) ->
     return InlineScorer(SafeReward(reward_fn))
 
 
+def scorer_from_config(config: Any) -> Scorer:
+    """The scorer of a :class:`core.config.Config`'s ``rollout.reward_fn`` / ``reward_workers``."""
+    r = config.rollout
+    return make_scorer(r.reward_fn, workers=r.reward_workers, timeout_s=r.reward_timeout_s)
+
+
 if __name__ == "__main__":
     _serve(sys.argv[1])

@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from core.data.prompting import Prompter
 from core.inference.api import GenerationRequest, InferenceEngine, SamplingParams, generate_resuming
-from core.rewards.verifier_pool import Scorer, make_scorer
+from core.rewards.verifier_pool import Scorer, make_scorer, scorer_from_config
 from core.rollout.api import Trajectory
 from core.rollout.sandbox import SandboxLimits
 from core.rollout.tools import STOP_STRINGS, ToolBox, ToolCall, find_tool_call
@@ -70,7 +70,7 @@ class ToolAgentWorkflow:
             toolbox=toolbox,
             prompter=Prompter.from_config(config, tokenizer),
             max_turns=r.max_turns,
-            score=make_scorer(r.reward_fn, workers=r.reward_workers, timeout_s=r.reward_timeout_s),
+            score=scorer_from_config(config),
         )
 
     def close(self) -> None:

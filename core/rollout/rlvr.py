@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from core.data.prompting import Prompter
 from core.inference.api import GenerationRequest, InferenceEngine, SamplingParams, generate_resuming
-from core.rewards.verifier_pool import Scorer, make_scorer
+from core.rewards.verifier_pool import Scorer, make_scorer, scorer_from_config
 from core.rollout.api import Trajectory
 
 
@@ -37,8 +37,8 @@ class RLVRWorkflow:
         """Build from a :class:`core.config.Config` (the ``rollout`` and ``data`` sections)."""
         r = config.rollout
         sampling = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k)
-        score = make_scorer(r.reward_fn, workers=r.reward_workers, timeout_s=r.reward_timeout_s)
-        return cls(tokenizer, r.reward_fn, sampling, Prompter.from_config(config, tokenizer), score)
+        prompter = Prompter.from_config(config, tokenizer)
+        return cls(tokenizer, r.reward_fn, sampling, prompter, scorer_from_config(config))
 
     def prompt_ids(self, sample: dict[str, Any]) -> list[int]:
         return self.prompter.prompt_ids(sample["question"], sample.get("system"))

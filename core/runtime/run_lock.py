@@ -80,7 +80,7 @@ class RunLock:
     # ------------------------------------------------------------------ acquire / release
     def acquire(self) -> None:
         self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
-        current = self._read()
+        current = self.read()
         if current is not None:
             why = self.stale_reason(current)
             if why is None:
@@ -107,7 +107,7 @@ class RunLock:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        current = self._read()
+        current = self.read()
         if current is not None and current.get("token") == self.token:
             self.fs.rm(self.path)
 
@@ -130,13 +130,13 @@ class RunLock:
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                raise RunLockedError(self._owned_message(self._read() or {})) from None
+                raise RunLockedError(self._owned_message(self.read() or {})) from None
             with os.fdopen(fd, "w") as f:
                 f.write(blob)
             return
         self._write(blob)
         time.sleep(self.settle_s)
-        current = self._read()
+        current = self.read()
         if current is None or current.get("token") != self.token:
             raise RunLockedError(self._owned_message(current or {}))
 
@@ -153,9 +153,6 @@ class RunLock:
 
     def read(self) -> dict[str, Any] | None:
         """The lock's record, or None when the folder is not locked."""
-        return self._read()
-
-    def _read(self) -> dict[str, Any] | None:
         try:
             self.fs.invalidate_cache(self.path)
             with self.fs.open(self.path, "r") as f:
@@ -194,7 +191,7 @@ class RunLock:
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             try:
-                current = self._read()
+                current = self.read()
                 if current is None or current.get("token") != self.token:
                     logger.error("the lock of %s was taken by another job", self.run_dir)
                     return

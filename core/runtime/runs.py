@@ -16,9 +16,10 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
+from core.config.loading import run_trials
 from core.runtime.checkpointing import CheckpointManager
 from core.runtime.run_lock import RunLock
-from core.storage import join
+from core.storage import join, read_jsonl, read_text
 
 logger = logging.getLogger(__name__)
 
@@ -42,31 +43,27 @@ class RunInfo:
 def list_runs(fileroot: str, experiment: str | None = None) -> list[RunInfo]:
     """Every run folder under ``fileroot`` (or one experiment's), newest trial last."""
     fs, root = url_to_fs(fileroot)
-    root = root.rstrip("/")
-    if not fs.isdir(root):
+    if not fs.isdir(root.rstrip("/")):
         return []
-    runs = []
-    for exp_dir in sorted(fs.ls(root, detail=False)):
-        name = exp_dir.rstrip("/").rsplit("/", 1)[-1]
-        if name.startswith("_") or (experiment and name != experiment) or not fs.isdir(exp_dir):
-            continue
-        for trial_dir in sorted(fs.ls(exp_dir, detail=False)):
-            if fs.exists(f"{trial_dir.rstrip('/')}/config.yaml"):
-                trial = trial_dir.rstrip("/").rsplit("/", 1)[-1]
-                runs.append(describe_run(join(fileroot, name, trial), name, trial))
-    return runs
+    names = [e.rstrip("/").rsplit("/", 1)[-1] for e in sorted(fs.ls(root, detail=False))]
+    return [
+        describe_run(join(fileroot, name, trial), name, trial)
+        for name in names
+        if not name.startswith("_") and experiment in (None, name)
+        for trial in run_trials(fileroot, name)
+    ]
 
 
 def describe_run(run_dir: str, experiment: str, trial: str) -> RunInfo:
-    fs, path = url_to_fs(run_dir)
-    summary = _json(fs, f"{path}/summary.json")
+    summary = _json(join(run_dir, "summary.json"))
     owner = _live_owner(run_dir)
     state = "running" if owner else "finished" if summary is not None else "stopped"
-    step, accuracy = _progress(fs, f"{path}/metrics.jsonl")
-    if summary is not None:
-        step = summary.get("version", step)
-        accuracy = summary.get("accuracy_after") or summary.get("accuracy_before") or accuracy
-    summary = summary or {}
+    if summary is None:  # metrics.jsonl is read only for a run without a summary
+        step, accuracy = _progress(join(run_dir, "metrics.jsonl"))
+        summary = {}
+    else:
+        step = summary.get("version")
+        accuracy = summary.get("accuracy_after") or summary.get("accuracy_before")
     ckpt = CheckpointManager(summary.get("checkpoint_url") or join(run_dir, "checkpoints"))
     return RunInfo(
         experiment=experiment,
@@ -91,23 +88,19 @@ def _live_owner(run_dir: str) -> str | None:
     return str(record.get("owner", "?"))
 
 
-def _progress(fs: Any, path: str) -> tuple[int | None, float | None]:
+def _progress(url: str) -> tuple[int | None, float | None]:
     """(RL steps logged, the latest eval accuracy) from ``metrics.jsonl``."""
-    if not fs.exists(path):
+    try:
+        rows = read_jsonl(url)
+    except FileNotFoundError:
         return None, None
-    step = accuracy = None
-    with fs.open(path, "r") as f:
-        for line in f:
-            row = json.loads(line)
-            if "reward/mean" in row:
-                step = int(row["step"]) + 1
-            if row.get("eval/accuracy") is not None:
-                accuracy = float(row["eval/accuracy"])
-    return step, accuracy
+    steps = [int(r["step"]) + 1 for r in rows if "reward/mean" in r]
+    accuracies = [float(r["eval/accuracy"]) for r in rows if r.get("eval/accuracy") is not None]
+    return (steps[-1] if steps else None), (accuracies[-1] if accuracies else None)
 
 
-def _json(fs: Any, path: str) -> dict[str, Any] | None:
-    if not fs.exists(path):
+def _json(url: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(read_text(url))
+    except FileNotFoundError:
         return None
-    with fs.open(path, "r") as f:
-        return json.load(f)

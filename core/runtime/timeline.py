@@ -44,6 +44,11 @@ class Timeline:
     steps: list[StepRecord] = field(default_factory=list)
     pauses: list[dict[str, Any]] = field(default_factory=list)  # {"kind", "start", "seconds"}
 
+    @property
+    def paused_s(self) -> float:
+        """Seconds of eval and checkpoint pauses so far."""
+        return sum(p["seconds"] for p in self.pauses)
+
     def pause(self, kind: str, start: float, seconds: float) -> None:
         self.pauses.append({"kind": kind, "start": start, "seconds": seconds})
 

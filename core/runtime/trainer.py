@@ -118,7 +118,6 @@ class Trainer:
         self.pad_id = load_tokenizer(config.model.tokenizer_path or model_dir).pad_token_id
         self.evals: list[dict[str, Any]] = []
         self._started = time.perf_counter()
-        self._paused = 0.0
         self._saved = 0  # the version of the last committed checkpoint
         self._rollout_state: dict[str, Any] | None = None  # for a checkpoint on a signal
         self.timeline = Timeline()
@@ -150,8 +149,7 @@ class Trainer:
                 "wall_s": 0.0,
             }
             run_started = self._started = time.perf_counter()
-            self.timeline.pauses.clear()  # the starting eval ran before the RL clock
-            self._paused = 0.0  # eval and checkpoint seconds since the RL clock started
+            self.timeline.pauses.clear()  # the starting eval ran before the RL clock: no pause
             self._saved = start
             for step in range(start, cfg.learner.total_steps):
                 try:
@@ -289,14 +287,13 @@ class Trainer:
         # elapsed_s: RL wall time when this eval started; rl_s: the same without the earlier eval
         # and checkpoint pauses (for time-to-target-accuracy).
         seconds = time.perf_counter() - t0
-        self.timeline.pause("eval", t0 - self._started, seconds)
         result.update(
             version=version,
             seconds=seconds,
             elapsed_s=t0 - self._started,
-            rl_s=t0 - self._started - self._paused,
+            rl_s=t0 - self._started - self.timeline.paused_s,
         )
-        self._paused += seconds
+        self.timeline.pause("eval", t0 - self._started, seconds)
         self.evals.append(result)
         extra = {**result["metrics"], **result["sampled"]}  # the task's own; pass@k, mean@k
         metrics = {
@@ -332,7 +329,6 @@ class Trainer:
         }
         self.ckpt.commit(version, recover)
         self._saved = version
-        self._paused += time.perf_counter() - t0
         self.timeline.pause("checkpoint", t0 - self._started, time.perf_counter() - t0)
 
     def _checkpoint_on_signal(self, learners: LearnerGroup, rollout: Any, version: int) -> None:

@@ -125,10 +125,10 @@ def checkpoint_complete(url: str) -> bool:
 def checkpoint_problems(url: str) -> list[str]:
     """What makes the DCP checkpoint at ``url`` unloadable, without loading it: a missing or
     unreadable ``.metadata``, or a shard file missing or shorter than the metadata says."""
+    if not checkpoint_complete(url):
+        return [f"{url}: no .metadata (torn write)"]
     fs, path = fsspec.core.url_to_fs(url)
     path = path.rstrip("/")
-    if not fs.exists(f"{path}/.metadata"):
-        return [f"{url}: no .metadata (torn write)"]
     try:
         reader = FsspecReader(url) if "://" in url else dcp.FileSystemReader(path)
         metadata = reader.read_metadata()

@@ -45,6 +45,7 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
+from core.inference.http_client import API_KEY_ENV, auth_headers
 from core.inference.sglang_launcher import LaunchedServer, SGLangLaunchSpec, launch
 from core.models import create_pretrained
 from core.training.distributed import free_port
@@ -183,7 +184,7 @@ class Load:
 
     def __init__(self, url: str, key: str, timeout_s: float, seed: int) -> None:
         self.url = url
-        self.headers = {"key": {"Authorization": f"Bearer {key}"}, "none": {},
+        self.headers = {"key": auth_headers(key), "none": {},
                         "wrong": {"Authorization": "Bearer not-the-key"}}  # fmt: skip
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.seed = seed
@@ -427,7 +428,7 @@ def start(args: argparse.Namespace, model_dir: str, key: str, log: Path) -> Laun
             "--log-level", "warning",
         ],
         # The key goes by environment, not on the command line; /health needs none.
-        env={"ASYNCRL_ENGINE_API_KEY": key, "PYTHONPATH": str(REPO)},
+        env={API_KEY_ENV: key, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     return launch(spec, log, health_timeout_s=180, poll_s=0.2)
 
