@@ -208,6 +208,26 @@ def _print_summary(summary: dict[str, Any]) -> None:
         console.print(f"checkpoints: {summary['checkpoint_url']}")
 
 
+ParallelOpt = Annotated[
+    str,
+    typer.Option(
+        help="Runs at once, each in its own process: 'auto' (as many as this machine's cores "
+        "fit; 1 on a small box) or a number."
+    ),
+]
+
+
+def _check_parallel(value: str) -> None:
+    """A bad --parallel exits 2 before anything is read or started."""
+    from flows.parallel import parse_parallel
+
+    try:
+        parse_parallel(value)
+    except ValueError as err:
+        err_console.print(f"[bold red]error:[/] --parallel: {err}")
+        raise typer.Exit(code=2) from None
+
+
 @app.command()
 def ablate(
     config: ConfigArg,
@@ -216,8 +236,10 @@ def ablate(
         str, typer.Option(help="Comma-separated algorithm presets.")
     ] = "grpo,ppo,dapo",
     seeds: Annotated[int, typer.Option(help="Seeds per algorithm.")] = 1,
+    parallel: ParallelOpt = "auto",
 ) -> None:
     """Algorithms × seeds under one MLflow parent run, then the comparison table and plot."""
+    _check_parallel(parallel)
     source = _source(config, overrides)
     algorithms = [a.strip() for a in algos.split(",") if a.strip()]
     from flows.ablation import ablation, ablation_variants
@@ -227,7 +249,7 @@ def ablate(
     _setup_logging(False)
     _stop_on_sigterm()
     with _prefect_start_failures():
-        result = ablation(source, algorithms, seeds)
+        result = ablation(source, algorithms, seeds, parallel)
     from tasks.comparison_report import render_markdown
 
     console.print(render_markdown(result["table"]), markup=False)
@@ -243,8 +265,10 @@ def sweep(
     storage: Annotated[
         str | None, typer.Option(help="Optuna storage URL; default sqlite under fileroot.")
     ] = None,
+    parallel: ParallelOpt = "auto",
 ) -> None:
     """An Optuna study over the search space; each trial an MLflow child run."""
+    _check_parallel(parallel)
     source = _source(config, overrides)
     with _config_errors_exit_2():
         source.resolve()
@@ -259,7 +283,7 @@ def sweep(
     _setup_logging(False)
     _stop_on_sigterm()
     with _prefect_start_failures():
-        result = sweep_flow(source, search_space, trials, storage)
+        result = sweep_flow(source, search_space, trials, storage, parallel=parallel)
     console.print(result)
 
 
@@ -276,9 +300,17 @@ def deploy(
         str, typer.Option(help="Algorithms of the nightly ablation.")
     ] = "grpo,ppo,dapo",
     seeds: Annotated[int, typer.Option(help="Seeds per algorithm in the nightly ablation.")] = 1,
+    work_pool: Annotated[
+        str | None, typer.Option(help="Register on this work pool (created if absent), not serve.")
+    ] = None,
+    pool_type: Annotated[str, typer.Option(help="Type of a --work-pool created here.")] = "process",
+    working_dir: Annotated[
+        Path | None, typer.Option(help="With --work-pool: where flow runs start (default: here).")
+    ] = None,
     overrides: OverridesArg = None,
 ) -> None:
-    """Register the `experiment` and `nightly-ablation` deployments and serve them (needs PREFECT_API_URL)."""
+    """Register the `experiment` and `nightly-ablation` deployments and serve them, or put them on
+    a work pool for `prefect worker start --pool NAME` (needs PREFECT_API_URL)."""
     _load(Path(config), overrides)
     try:
         ZoneInfo(timezone)
@@ -297,10 +329,44 @@ def deploy(
         )
         raise typer.Exit(code=2)
     _setup_logging(False)
+    algorithms = [a.strip() for a in algos.split(",")]
+    if work_pool:
+        from flows.deploy import deploy_to_work_pool
+
+        api_url, ui_url = _prefect_urls_for_workers()
+        try:
+            deploy_to_work_pool(
+                work_pool, config, list(overrides or []), cron, algorithms, seeds, timezone,
+                pool_type=pool_type, working_dir=working_dir,
+            )  # fmt: skip
+        except ValueError as err:
+            err_console.print(f"[bold red]error:[/] {err}")
+            raise typer.Exit(code=2) from None
+        console.print(
+            f"Deployments experiment and nightly-ablation are on work pool {work_pool!r}. "
+            "On a worker machine with asyncrl installed, run:\n"
+            f"  PREFECT_API_URL={api_url} prefect worker start --pool {work_pool}\n"
+            f"UI: {ui_url}/deployments",
+            soft_wrap=True,
+        )
+        return
     from flows.deploy import serve_deployments
 
-    algorithms = [a.strip() for a in algos.split(",")]
     serve_deployments(config, list(overrides or []), cron, algorithms, seeds, timezone)
+
+
+def _prefect_urls_for_workers() -> tuple[str, str]:
+    """PREFECT_API_URL and the UI's URL: workers elsewhere need a server, not a temporary one."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    if not settings.api.url:
+        err_console.print(
+            "[bold red]error:[/] --work-pool needs PREFECT_API_URL, the Prefect server this "
+            "machine and the workers reach (asyncrl stack up prints one)"
+        )
+        raise typer.Exit(code=2)
+    return settings.api.url, settings.ui_url or settings.api.url.removesuffix("/api")
 
 
 @app.command()

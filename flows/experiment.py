@@ -2,7 +2,8 @@
 
 The flow runs the pipeline of :mod:`core.runtime.job` (data → model → SFT warm start → RL → eval
 → report), each stage as a Prefect task, with an MLflow metric sink beside the run's own files,
-and publishes the summary table as a Prefect markdown artifact.
+and publishes the summary table as a Prefect markdown artifact. The timeline plots and the
+TensorBoard files (``tracking.tensorboard``) become artifacts of the MLflow run.
 
 ``experiment`` takes a parsed :class:`~core.config.Config`: the CLI calls it, and the ablation and
 sweep flows run it as a subflow per variant. The deployments' entry point, where the Prefect UI
@@ -12,6 +13,7 @@ run (``experiment.fn``, in ``flows.deploy``).
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact
@@ -20,8 +22,10 @@ from prefect.runtime import flow_run
 from core.config import Config, stamp_trial
 from core.runtime.job import Pipeline, StageProgress
 from core.runtime.run_lock import lock_run
+from core.runtime.tensorboard import tensorboard_dir
 from core.runtime.trainer import EvalCallback
 from core.storage import join, local_path
+from flows.progress import run_log_progress
 from tasks.mlflow_tracking import MLflowSink, log_summary, run_url, start_run, tracking_uri
 from tasks.redacted_flow import redacted_flow
 from tasks.stages import prefect_stage
@@ -75,6 +79,19 @@ def experiment(
     """
     stamp_trial(config)
     name = run_name or f"{config.algorithm.name}-{config.experiment.trial}"
+    with ExitStack() as scope:
+        if progress is None:  # no display of the caller's: progress lines in the run's log
+            progress = scope.enter_context(run_log_progress())
+        return _experiment(config, name, parent_run_id, progress, on_eval)
+
+
+def _experiment(
+    config: Config,
+    name: str,
+    parent_run_id: str | None,
+    progress: StageProgress | None,
+    on_eval: EvalCallback | None,
+) -> dict[str, Any]:
     # The run folder's lock first: a job on a busy folder fails before it opens an MLflow run.
     with lock_run(config), start_run(config, run_name=name, parent_run_id=parent_run_id) as run:
         run_id = run.info.run_id
@@ -97,7 +114,8 @@ def experiment(
         summary = pipeline.run(extra=ids)
         timeline = local_path(join(config.run_dir, "timeline"))
         plots = {f"timeline/{f.name}": f for f in sorted(timeline.glob("timeline.*"))}
-        log_summary(run_id, summary, plots)
+        folders = {"tensorboard": tensorboard_dir(config)} if config.tracking.tensorboard else {}
+        log_summary(run_id, summary, plots, folders=folders)
         create_markdown_artifact(
             markdown=summary_markdown(summary, run_id, url),
             key="experiment-summary",

@@ -173,3 +173,14 @@ def stage_display(console: Console) -> Iterator[StageProgress]:
 
     with LineProgress(write, _progress_interval()) as lines:
         yield lines.start
+
+
+@contextmanager
+def run_log_progress() -> Iterator[StageProgress]:
+    """Progress lines into the Prefect flow run's own log (the UI's Logs tab), for a run with no
+    terminal to draw on: one started from a deployment, or a subflow of an ablation or sweep."""
+    from prefect.logging import get_run_logger
+
+    run_logger = get_run_logger()
+    with LineProgress(run_logger.info, _progress_interval()) as lines:
+        yield lines.start

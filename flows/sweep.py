@@ -12,11 +12,19 @@ The search space is YAML, keyed by config paths::
 Each trial is an MLflow child run under one parent run; held-out evals during RL are reported to
 the trial, and Optuna's MedianPruner stops unpromising trials early. The study lives in sqlite
 under the experiment folder by default (any RDB URL works).
+
+``parallel`` trials run at once, each in its own process (:mod:`flows.parallel`), asked of and
+told to the study here; ``"auto"`` fits them to this machine's cores, which on a small box means
+``study.optimize`` one trial after another, in this process. With trials in flight together,
+TPE suggests from the trials finished so far, so the suggestions differ from a sequential study.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,11 +34,21 @@ import optuna
 from omegaconf import OmegaConf
 from prefect.artifacts import create_markdown_artifact
 
-from core.config import ConfigError, ConfigSource
+from core.config import Config, ConfigError, ConfigSource
 from core.storage import is_local, join, local_path, write_json
 from flows.experiment import experiment
+from flows.parallel import (
+    VariantJob,
+    VariantPool,
+    VariantStopped,
+    parse_parallel,
+    prepare_shared_data,
+    resolve_parallelism,
+)
 from tasks.mlflow_tracking import start_run
 from tasks.redacted_flow import redacted_flow
+
+logger = logging.getLogger(__name__)
 
 OBJECTIVES = ("accuracy", "accuracy_per_second")
 KINDS = ("categorical", "float", "int")
@@ -60,6 +78,27 @@ class SearchSpace:
                     key, spec["low"], spec["high"], step=int(spec.get("step", 1))
                 )
         return values
+
+    def extremes(self, source: ConfigSource) -> list[Config]:
+        """The base config and one per choice, low and high of each param: what the most
+        demanding trial may need (a space may vary ranks or threads)."""
+        probes = [
+            {key: value}
+            for key, spec in self.params.items()
+            for value in (
+                spec["choices"] if spec["type"] == "categorical" else (spec["low"], spec["high"])
+            )
+        ]
+        return [source.resolve(), *(source.resolve(p, label="sweep space") for p in probes)]
+
+    def value(self, summary: dict[str, Any]) -> float:
+        """The trial's objective from its experiment summary."""
+        accuracy = summary["accuracy_after"]
+        if accuracy is None:
+            accuracy = summary["accuracy_before"]
+        if self.objective == "accuracy_per_second":
+            return accuracy / max(summary["wall_seconds"], 1e-9)
+        return accuracy
 
 
 def load_space(path: str | Path, source: ConfigSource) -> SearchSpace:
@@ -107,8 +146,11 @@ def sweep(
     n_trials: int = 8,
     storage: str | None = None,
     study_name: str | None = None,
+    parallel: int | str = "auto",
 ) -> dict[str, Any]:
-    """Run ``n_trials`` trials; returns the study name, storage, best parameters and value."""
+    """Run ``n_trials`` trials, ``parallel`` at a time (``"auto"`` or a number); returns the
+    study name, storage, best parameters and value."""
+    requested = parse_parallel(parallel)
     base = source.resolve()
     stamp = base.experiment.trial or time.strftime("%Y%m%d-%H%M%S")
     study_name = study_name or f"{base.experiment.name}-sweep-{stamp}"
@@ -121,12 +163,15 @@ def sweep(
         sampler=optuna.samplers.TPESampler(seed=base.experiment.seed),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=1, n_warmup_steps=0),
     )
+    n, why = resolve_parallelism(requested, space.extremes(source))
+    n = min(n, max(1, n_trials))
+    logger.info("sweep of %d trial(s), %d at a time: %s", n_trials, n, why)
     child_runs: dict[int, str] = {}
-    tags = {"kind": "sweep", "optuna_study": study_name}
+    tags = {"kind": "sweep", "optuna_study": study_name, "parallel": n}
     with start_run(base, run_name=study_name, tags=tags) as parent:
         parent_id = parent.info.run_id
 
-        def objective(trial: optuna.Trial) -> float:
+        def trial_job(trial: optuna.Trial) -> VariantJob:
             name = f"trial-{trial.number}"
             values = {**space.suggest(trial), "experiment.trial": f"{stamp}-{name}"}
             config = source.resolve(values, label=f"sweep {name}")
@@ -136,19 +181,20 @@ def sweep(
                 if trial.should_prune():
                     raise optuna.TrialPruned(f"accuracy {accuracy:.3f} at version {version}")
 
-            result = experiment.with_options(flow_run_name=f"{study_name}-{name}")(
-                config, parent_run_id=parent_id, run_name=name, on_eval=report
+            return VariantJob(name, config, parent_id, name, f"{study_name}-{name}", report)
+
+        def objective(trial: optuna.Trial) -> float:
+            job = trial_job(trial)
+            result = experiment.with_options(flow_run_name=job.flow_run_name)(
+                job.config, parent_run_id=parent_id, run_name=job.run_name, on_eval=job.on_eval
             )
             child_runs[trial.number] = result["mlflow_run_id"]
-            summary = result["summary"]
-            accuracy = summary["accuracy_after"]
-            if accuracy is None:
-                accuracy = summary["accuracy_before"]
-            if space.objective == "accuracy_per_second":
-                return accuracy / max(summary["wall_seconds"], 1e-9)
-            return accuracy
+            return space.value(result["summary"])
 
-        study.optimize(objective, n_trials=n_trials, catch=())
+        if n == 1:
+            study.optimize(objective, n_trials=n_trials, catch=())
+        else:
+            _optimize_in_processes(study, trial_job, space, n_trials, n, child_runs)
         experiment_name = base.tracking.mlflow_experiment or base.experiment.name
         _tag_trials(study, child_runs, parent_id, experiment_name)
         completed = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
@@ -172,6 +218,77 @@ def sweep(
         write_json(join(base.cluster.fileroot, base.experiment.name, f"{study_name}.json"), result)
         create_markdown_artifact(markdown=_markdown(study, best), key="sweep-result")
     return result
+
+
+def _optimize_in_processes(
+    study: optuna.Study,
+    trial_job: Callable[[optuna.Trial], VariantJob],
+    space: SearchSpace,
+    n_trials: int,
+    parallel: int,
+    child_runs: dict[int, str],
+) -> None:
+    """``study.optimize`` with ``parallel`` trials in flight, each in its own process.
+
+    Ask-and-tell: trials are asked here, in trial-number order, and told as they finish. As with
+    ``catch=()``, the first failed trial stops the others (told FAIL) and is raised; so does
+    anything that interrupts this loop (SIGTERM).
+    """
+    failure: BaseException | None = None
+    asked = 0
+    running: dict[cf.Future, optuna.Trial] = {}
+    with VariantPool(parallel) as pool:
+        try:
+            while running or (asked < n_trials and failure is None):
+                while asked < n_trials and failure is None and len(running) < parallel:
+                    trial = study.ask()
+                    asked += 1
+                    try:
+                        job = trial_job(trial)
+                        prepare_shared_data([job.config])
+                    except BaseException:
+                        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                        raise
+                    running[pool.submit(job)] = trial
+                done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: running[f].number):
+                    trial = running.pop(future)
+                    error = _tell(study, trial, future, space, child_runs)
+                    if error is not None and failure is None:
+                        logger.error(
+                            "trial %d failed (%s); stopping the others", trial.number, error
+                        )
+                        failure = error
+                        pool.stop()
+        except BaseException:
+            pool.stop()
+            for trial in running.values():
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            raise
+    if failure is not None:
+        raise failure
+
+
+def _tell(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    future: cf.Future,
+    space: SearchSpace,
+    child_runs: dict[int, str],
+) -> BaseException | None:
+    """Tell the study how a finished trial ended; returns its error when it failed on its own."""
+    error = future.exception()
+    if error is None:
+        result = future.result()
+        child_runs[trial.number] = result["mlflow_run_id"]
+        study.tell(trial, space.value(result["summary"]))
+        return None
+    if isinstance(error, optuna.TrialPruned):
+        logger.info("trial %d pruned: %s", trial.number, error)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return None
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    return None if isinstance(error, VariantStopped) else error
 
 
 def _tag_trials(

@@ -317,8 +317,11 @@ def stack_up(
         base_env.pop(key, None)
     envs = {
         "s3": base_env,
+        # The UI's API address is its own setting (default port 4200): on another port the UI
+        # would call a server that is not there.
         "prefect": {**base_env, "PREFECT_HOME": str(state_dir / "prefect"),
-                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
+                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                    "PREFECT_UI_API_URL": f"http://{HOST}:{prefect_port}/api"},
         "mlflow": {**base_env, "MLFLOW_S3_ENDPOINT_URL": s3_url, "AWS_ENDPOINT_URL": s3_url,
                    "AWS_ACCESS_KEY_ID": FAKE_KEY_ID, "AWS_SECRET_ACCESS_KEY": FAKE_SECRET,
                    "AWS_DEFAULT_REGION": REGION, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},

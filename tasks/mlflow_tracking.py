@@ -50,6 +50,7 @@ from mlflow.tracking import MlflowClient
 from core.config import Config, flatten, to_yaml
 from core.config.loading import fileroot_origin
 from core.redaction import redact, redact_value
+from core.runtime.metrics import finite_numbers
 from core.storage import is_local, join, local_path
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,9 @@ BATCH_METRICS = 1000  # MAX_METRICS_PER_BATCH
 MAX_MODEL_ARTIFACT_BYTES = 50 * 2**20
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+# MLflow 3's UI opens an experiment on its GenAI (traces) pages unless this tag says it trains
+# models: then the runs table and charts come first.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 
 # ------------------------------------------------------------------------------------------
 # Where the store and the artifacts live
@@ -188,7 +192,9 @@ def ensure_experiment(config: Config) -> str:
     if _is_server(uri) and is_local(config.cluster.fileroot):
         location = None  # let the server store (proxy) them: see the module docstring
     try:
-        experiment_id = client.create_experiment(name, artifact_location=location)
+        experiment_id = client.create_experiment(
+            name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: "custom_model_development"}
+        )
     except mlflow.exceptions.MlflowException:
         # Lost a race with a concurrent task creating the same experiment.
         existing = client.get_experiment_by_name(name)
@@ -245,6 +251,10 @@ def run_tags(config: Config, extra: Mapping[str, Any] | None = None) -> dict[str
         "max_staleness": config.rollout.max_staleness,
         "git_commit": git_commit(),
         "experiment_trial": config.experiment.trial,
+        # The UI's "Source" column: else MLflow names the file that called start_run (Prefect's
+        # engine.py inside a flow run).
+        "mlflow.source.name": f"asyncrl {config.experiment.name}",
+        "mlflow.source.type": "JOB",
     }
     if (flow_run_id := _prefect_flow_run_id()) is not None:
         tags["prefect_flow_run_id"] = flow_run_id
@@ -316,9 +326,7 @@ class MLflowSink:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
         rows = [
-            Metric(sanitize_key(k), float(v), now, int(step))
-            for k, v in metrics.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            Metric(sanitize_key(k), v, now, int(step)) for k, v in finite_numbers(metrics).items()
         ]
         if not rows:
             return
@@ -358,13 +366,15 @@ def log_summary(
     summary: Mapping[str, Any],
     files: Mapping[str, Path] | None = None,
     *,
+    folders: Mapping[str, Path] | None = None,
     tracking_uri: str | None = None,
     max_model_bytes: int = MAX_MODEL_ARTIFACT_BYTES,
 ) -> None:
     """Close a run's record: ``summary.json``, ``final/<key>`` metrics, extra files, the model.
 
     Numeric top-level values become metrics ``final/<key>`` (``final/accuracy_after``). ``files``
-    maps artifact names (``"curves.png"``, or ``"plots/curves.png"``) to local files. The model
+    maps artifact names (``"curves.png"``, or ``"plots/curves.png"``) to local files, ``folders``
+    artifact folder names (``"tensorboard"``) to local folders (logged when they exist). The model
     URL (``final_model_dir``, or the remote folder a staging copy mirrors, else
     ``checkpoint_url``) becomes the tag ``model_url`` beside ``checkpoint_url``, both full URLs
     (a local path as an absolute ``file://`` URL); a local model folder under
@@ -385,6 +395,9 @@ def log_summary(
         client.log_batch(run_id, metrics=metrics)
     for name, path in (files or {}).items():
         _log_file_as(client, run_id, Path(path), name)
+    for name, folder in (folders or {}).items():
+        if Path(folder).is_dir():
+            client.log_artifacts(run_id, str(folder), sanitize_key(name))
     tags = {k: as_url(str(clean[k])) for k in ("checkpoint_url",) if clean.get(k)}
     if model_url := _model_url(summary):
         tags["model_url"] = as_url(redact_value(str(model_url)))

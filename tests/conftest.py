@@ -115,3 +115,16 @@ def s3_storage_options(s3_endpoint: str) -> dict[str, Any]:
         "key": S3_KEY,
         "secret": S3_SECRET,
     }
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``gpu`` tests (tests/gpu, run by infra/gpu_check.sh) skip without a CUDA device; they are
+    the only tests that may skip for want of hardware."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run infra/gpu_check.sh on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from core.algorithms.config import PRESETS
-from core.config.sections import ClusterConfig, Config, ConfigError
+from core.config.sections import ClusterConfig, Config, ConfigError, ModelConfig
 from core.data.prompting import PROMPT_FORMATS
 from core.data.templates import template_problems
 from core.rewards.registry import resolve_reward
@@ -45,7 +45,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "scheduler.type": ("local", "ray"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.attn_implementation": ("sdpa", "eager", "flash_attention_2"),
-    "data.source": ("synthetic", "gsm8k", "dataset"),
+    "data.source": ("synthetic", "code_synthetic", "gsm8k", "dataset"),
     "rollout.engine": ("hf", "sglang", "vllm"),
     "checkpoint.recover": ("off", "auto"),
     "data.prompt_format": PROMPT_FORMATS,
@@ -196,13 +196,14 @@ POSITIVE = (
     "cluster.n_nodes", "scheduler.torch_threads", "scheduler.learner_cpus",
     "scheduler.rollout_cpus", "checkpoint.keep_last", "cluster.lock_stale_s",
     "rollout.stall_warn_s", "rollout.stall_timeout_s", "rollout.reward_timeout_s",
+    "model.lora_alpha",
 )  # fmt: skip
 NON_NEGATIVE = (
     "rollout.max_staleness", "rollout.top_k", "rollout.tool_latency_s", "learner.total_steps",
     "sft.steps", "sft.warmup_steps", "sft.weight_decay", "sft.max_grad_norm",
     "eval.every_n_steps", "eval.n_samples", "eval.n_problems", "checkpoint.every_n_steps",
     "data.n_train", "data.n_test", "cluster.n_gpus_per_node", "data.max_prompt_tokens",
-    "rollout.reward_workers", "rollout.max_filtered_in_a_row",
+    "rollout.reward_workers", "rollout.max_filtered_in_a_row", "model.lora_rank",
 )  # fmt: skip
 FRACTIONS = ("sft.min_lr_ratio", "rollout.max_failure_rate", "data.test_ratio")  # in [0, 1]
 
@@ -230,6 +231,7 @@ def validate(config: Config) -> None:
     if config.data.source == "dataset" and not config.data.path:
         raise ConfigError("data.source=dataset needs data.path (a hub id, folder, file or URL)")
     _check_data_paths(config)
+    _check_lora(config)
     if config.data.test_ratio >= 1:
         raise ConfigError(f"data.test_ratio={config.data.test_ratio} must be < 1")
     if config.eval.n_samples > 0 and not config.eval.temperature > 0:
@@ -238,7 +240,7 @@ def validate(config: Config) -> None:
         raise ConfigError(f"rollout.temperature must be >= 0, got {config.rollout.temperature}")
     if not 0 < config.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p must be in (0, 1], got {config.rollout.top_p}")
-    if config.data.source == "synthetic" and config.data.n_test <= 0:
+    if config.data.source in ("synthetic", "code_synthetic") and config.data.n_test <= 0:
         raise ConfigError("data.n_test must be > 0 for synthetic data")
     algo = config.algorithm
     if algo.overlong_reward_penalty:
@@ -256,19 +258,42 @@ def validate(config: Config) -> None:
             resolve(select(config, key))
         except ValueError as err:
             raise ConfigError(f"{key}: {err}") from None
-    if (
-        config.rollout.engine != "hf"
-        and not config.rollout.server_addresses
-        and config.cluster.n_gpus_per_node == 0
-    ):
+    if config.rollout.engine != "hf" and not config.rollout.server_addresses:
+        # A run does not launch SGLang/vLLM servers itself (yet): it needs running ones.
         raise ConfigError(
-            f"rollout.engine={config.rollout.engine!r} needs GPUs (cluster.n_gpus_per_node > 0) "
-            "or running servers in rollout.server_addresses"
+            f"rollout.engine={config.rollout.engine!r} needs running servers in "
+            "rollout.server_addresses (host:port, ...); or rollout.engine=hf, our engine in the "
+            "rollout worker (CPU or CUDA)"
         )
 
 
 _STAMP = "%Y%m%d-%H%M%S"
 _STAMPED = re.compile(r"^\d{8}-\d{6}$")
+
+
+def _check_lora(config: Config) -> None:
+    """``model.lora_*``: the dropout range, and the target modules against the architecture of a
+    preset or local model folder (a hub id is checked once fetched, before the warm start)."""
+    model = config.model
+    if model.lora_rank == 0:
+        return
+    if not 0 <= model.lora_dropout < 1:
+        raise ConfigError(f"model.lora_dropout must be in [0, 1), got {model.lora_dropout}")
+    problem = lora_target_problem(model.path, model)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def lora_target_problem(path: str, model: ModelConfig) -> str | None:
+    """Why ``model.lora_target_modules`` (``model``: the config's model section) do not fit the
+    model at ``path`` (a preset or a local HF folder; None when it is neither)."""
+    # transformers is imported only when LoRA is on: loading a config stays light.
+    from core.models.lora_targets import model_skeleton, target_module_problem
+
+    skeleton = model_skeleton(path, vocab_size=model.vocab_size)
+    if skeleton is None:
+        return None
+    return target_module_problem(skeleton, list(model.lora_target_modules))
 
 
 def _check_data_paths(config: Config) -> None:
@@ -379,12 +404,31 @@ def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
         parsed = typing.cast(dict[str, Any], OmegaConf.to_container(OmegaConf.from_dotlist(fields)))
     except OmegaConfBaseException as err:
         raise ConfigError(f"cannot parse overrides {overrides}: {err}") from None
+    _keep_yaml11_words(fields, parsed)
     if presets:
         section = parsed.setdefault("algorithm", {})
         if not isinstance(section, dict):
             raise ConfigError(f"'algorithm' (in command line) is a section, got {section!r}")
         section["name"] = presets[-1]
     return parsed
+
+
+def _keep_yaml11_words(fields: list[str], parsed: dict[str, Any]) -> None:
+    """YAML 1.1 reads ``off``/``on``/``yes``/``no``/``y``/``n`` as booleans: keep such a value as
+    the text the user wrote (``experiment.trial=off`` names a trial ``off``, not ``False``); a
+    boolean field still takes the text (OmegaConf reads ``yes``/``off`` for a bool)."""
+    for item in fields:
+        key, raw = item.split("=", 1)
+        *parents, leaf = key.split(".")
+        node: Any = parsed
+        for name in parents:
+            node = node.get(name) if isinstance(node, dict) else None
+        if (
+            isinstance(node, dict)
+            and isinstance(node.get(leaf), bool)
+            and raw.strip().lower() not in ("true", "false")
+        ):
+            node[leaf] = raw
 
 
 def _check_keys(layer: dict[str, Any], schema: type, prefix: str, source: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.algorithms.config import AlgorithmConfig
+from core.data.code_synthetic import CodeSpec
 from core.data.synthetic import SyntheticSpec
 from core.schema import documented
 
@@ -93,6 +94,24 @@ class ModelConfig:
     attn_implementation: str = documented(
         "sdpa", "Attention kernel: 'sdpa' (CPU/GPU), 'flash_attention_2' (GPU, gpu extra), 'eager'."
     )
+    lora_rank: int = documented(
+        0,
+        "LoRA rank of the RL policy (https://arxiv.org/abs/2106.09685, through peft): 0 trains "
+        "all weights; r > 0 freezes the model and trains rank-r adapters on "
+        "model.lora_target_modules. Engines receive the merged weights; checkpoints and exports "
+        "also hold the adapter (adapter/). The SFT warm start and the critic train all weights.",
+    )
+    lora_alpha: float = documented(
+        16.0, "LoRA scaling: the adapters' update is multiplied by lora_alpha / lora_rank."
+    )
+    lora_target_modules: list[str] = documented(
+        ["all-linear"],
+        "Linear modules that get adapters, by name or name suffix as peft matches them (e.g. "
+        "[q_proj, v_proj]); [all-linear] = every linear layer except the output layer.",
+    )
+    lora_dropout: float = documented(
+        0.0, "Dropout on the adapters' input while training, in [0, 1) (LoRA only)."
+    )
 
 
 @dataclass
@@ -101,8 +120,9 @@ class DataConfig:
 
     source: str = documented(
         "synthetic",
-        "'synthetic' (generated GSM8K-style problems), 'gsm8k', or 'dataset' (any tabular data: "
-        "data.path and the column keys).",
+        "'synthetic' (generated GSM8K-style problems), 'code_synthetic' (generated function-"
+        "writing problems with tests, for core.rewards.code), 'gsm8k', or 'dataset' (any tabular "
+        "data: data.path and the column keys).",
     )
     gsm8k_path: str = documented(
         "bundled",
@@ -120,6 +140,13 @@ class DataConfig:
         "with a {question} placeholder.",
     )
     system_prompt: str = documented("", "prompt_format=chat: a system message; empty = none.")
+    stop_strings: list[str] = documented(
+        help="Generation (rollout, eval, the tool agent) also ends after any of these strings, "
+        "besides EOS and the chat template's end-of-turn token; the string's tokens stay in the "
+        "completion. Up to 16, each 1-256 characters. SGLang needs its tokenizer for them (not "
+        "--skip-tokenizer-init); with any engine the completion is cut after the first one.",
+        factory=list,
+    )
     n_train: int = documented(
         4000, "Training problems (synthetic: generated; gsm8k: the first n, 0 = all)."
     )
@@ -162,6 +189,9 @@ class DataConfig:
     synthetic: SyntheticSpec = documented(
         help="Synthetic problem generator knobs.", factory=SyntheticSpec
     )
+    code_synthetic: CodeSpec = documented(
+        help="source=code_synthetic: synthetic code problem generator knobs.", factory=CodeSpec
+    )
 
 
 @dataclass
@@ -188,7 +218,9 @@ class RolloutConfig:
         "hf", "'hf' (in-process engine, CPU/GPU), 'sglang' or 'vllm' (HTTP servers)."
     )
     server_addresses: list[str] = documented(
-        [], "host:port of running inference servers (sglang/vllm/ours); empty = launch our own."
+        [],
+        "host:port of running inference servers for rollout.engine=sglang|vllm (required "
+        "there: the run does not launch them); unused with rollout.engine=hf.",
     )
     batch_size: int = documented(16, "Prompts per training step (each sampled group_size times).")
     max_staleness: int = documented(
@@ -240,12 +272,15 @@ class RolloutConfig:
         0.0, "Tool-agent workflow: simulated latency per tool call (models remote tools/APIs)."
     )
     tool_timeout_s: float = documented(
-        5.0, "Tool-agent workflow: wall-time limit of one sandboxed python call."
+        5.0,
+        "Wall-time limit of one sandboxed python call: the tool agent's python tool, and the "
+        "test run of a reward that runs code (core.rewards.code).",
     )
     sandbox: str = documented(
         "strict",
-        "Tool-agent workflow: when the kernel lacks a sandbox feature for the python tool "
-        "(user/PID/network/IPC/mount namespaces, seccomp): 'strict' refuses to run tool code, "
+        "When the kernel lacks a sandbox feature for model-written code (the tool agent's python "
+        "tool, the tests of core.rewards.code) (user/PID/network/IPC/mount namespaces, seccomp): "
+        "'strict' refuses to run the code, "
         "naming what is missing; 'best_effort' runs it with what exists and warns once.",
     )
 
@@ -324,6 +359,13 @@ class TrackingConfig:
         "cache folder for a remote one. The run logs which one it used.",
     )
     mlflow_experiment: str = documented("", "MLflow experiment name; empty = experiment.name.")
+    tensorboard: bool = documented(
+        True,
+        "Also write the metrics (the keys and steps MLflow gets) as TensorBoard event files in "
+        "{run_dir}/tensorboard, flushed at every step (a remote fileroot's go to a local staging "
+        "folder, uploaded by the report stage), and log them to the MLflow run under "
+        "tensorboard/. View: tensorboard --logdir {cluster.fileroot} (or a run folder).",
+    )
 
 
 @dataclass

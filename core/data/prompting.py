@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core.data.templates import render_prompt, template_problems
+from core.inference.stop_strings import stop_string_problems
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase  # not at CLI start-up
@@ -42,6 +43,13 @@ def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     return [i for i in tokenizer(tail, add_special_tokens=False)["input_ids"] if i in special]
 
 
+def sft_target(sample: dict[str, Any]) -> str:
+    """The text SFT trains on: the sample's ``solution`` when it has one (code tasks, whose
+    ``answer`` is the tests the reward runs), else its ``answer`` (a worked solution)."""
+    solution = sample.get("solution")
+    return solution if isinstance(solution, str) and solution else sample["answer"]
+
+
 @dataclass
 class Prompter:
     """Builds prompt and target token ids the same way for SFT, rollout and eval."""
@@ -50,6 +58,7 @@ class Prompter:
     prompt_format: str = "template"
     template: str = "plain"
     system_prompt: str = ""
+    stop_strings: list[str] = field(default_factory=list)  # generation also ends after these
     stop_ids: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -58,6 +67,7 @@ class Prompter:
                 f"data.prompt_format={self.prompt_format!r} is not one of {list(PROMPT_FORMATS)}"
             )
         problems = template_problems(self.template)
+        problems += stop_string_problems(self.stop_strings, "data.stop_strings")
         if problems:
             raise ValueError(problems[0])
         if self.prompt_format == "chat" and not getattr(self.tokenizer, "chat_template", None):
@@ -74,7 +84,13 @@ class Prompter:
     def from_config(cls, config: Any, tokenizer: PreTrainedTokenizerBase) -> Prompter:
         """From a :class:`core.config.Config` (its ``data`` section)."""
         data = config.data
-        return cls(tokenizer, data.prompt_format, data.template, data.system_prompt)
+        return cls(
+            tokenizer,
+            data.prompt_format,
+            data.template,
+            data.system_prompt,
+            list(data.stop_strings),
+        )
 
     def user_text(self, question: str) -> str:
         return render_prompt(question, self.template)

@@ -2,13 +2,16 @@
 at any fsspec URL, with the columns mapped to a sample's ``question`` and ``answer``.
 
 A sample is ``{"id", "question", "answer", ...}`` (the reward function scores a completion
-against ``answer``); ``system`` and metadata columns ride along when mapped. A column that the
+against ``answer``; a list or dict answer, such as a code task's tests, is kept as JSON);
+``system`` and metadata columns ride along when mapped (a ``solution`` column is the SFT target
+when the answer is not one: see :func:`core.data.prompting.sft_target`). A column that the
 data does not have fails at once, naming the column and the ones it has.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import random
 from dataclasses import dataclass
@@ -117,7 +120,8 @@ def to_samples(rows: list[dict], columns: Columns, label: str, name: str) -> lis
         sample = {
             "id": str(row[columns.id]) if columns.id else f"{name}-{index}",
             "question": str(question),
-            "answer": str(answer),
+            # a list/dict column (a code task's tests) as JSON, not as Python's repr
+            "answer": json.dumps(answer) if isinstance(answer, list | dict) else str(answer),
             **{key: row.get(key) for key in columns.metadata},
         }
         if columns.system and row.get(columns.system):

@@ -36,6 +36,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)  # stop strings: core.inference.stop_strings
     seed: int | None = None  # see above: per-request, position-keyed; None = engine's generator
 
 

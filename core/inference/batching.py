@@ -42,6 +42,7 @@ class Slot:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish: StopReason | None = None
+    stop_check: Callable[[list[int]], bool] | None = None  # stop strings, on the output so far
     n_interrupts: int = 0  # retracted and re-prefilled by a pause in "retract" mode
     cancelled: bool = False  # the caller stopped waiting; drop silently
 
@@ -52,7 +53,7 @@ class Slot:
         self.output.append(token)
         self.logprobs.append(logprob)
         self.versions.append(version)
-        if token in self.stop_ids:
+        if token in self.stop_ids or (self.stop_check is not None and self.stop_check(self.output)):
             self.finish = "stop"
         elif len(self.output) >= self.request.sampling.max_new_tokens:
             self.finish = "length"

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import functools
 import logging
 import operator
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +41,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from core.inference.api import GenerationRequest, GenerationResponse, WeightSource
 from core.inference.batching import BatchDecoder, EngineStats, RoundStats, Slot
 from core.inference.sampling import validate_sampling
+from core.inference.stop_strings import tail_matches
 from core.inference.weights import load_weights, read_state_dict
 
 logger = logging.getLogger(__name__)
@@ -96,6 +98,7 @@ class HFEngine:
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.eos_token_ids = _eos_ids(eos_token_ids, tokenizer)
+        self.tokenizer = tokenizer  # decodes the output tails that stop strings are matched on
         if pad_token_id is None:
             pad_token_id = getattr(tokenizer, "pad_token_id", None)
         generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -190,18 +193,30 @@ class HFEngine:
     def num_running(self) -> int:
         return sum(1 for s in self._running if s.finish is None)
 
+    def _stop_check(self, stops: list[str]) -> Callable[[list[int]], bool] | None:
+        """The per-token test for ``stops`` (None without any); they need the tokenizer."""
+        if not stops:
+            return None
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            raise ValueError("stop: stop strings need the engine's tokenizer; this engine has none")
+        decode = functools.partial(tokenizer.decode, skip_special_tokens=False)
+        return functools.partial(tail_matches, decode, stops=list(stops))
+
     async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
         """Generate for ``request``; ``ValueError`` for bad ids/sampling (nothing queued),
         :class:`GenerationError` if the model fails on this request."""
         self._check_ids(request.input_ids, "input_ids")
         self._check_ids(request.sampling.stop_token_ids, "stop_token_ids", allow_empty=True)
         validate_sampling(request.sampling)
+        stop_check = self._stop_check(request.sampling.stop)
         if request.sampling.max_new_tokens <= 0:
             return GenerationResponse([], [], [], "length")
         loop = asyncio.get_running_loop()
         slot = Slot(
             request=request,
             stop_ids=frozenset(request.sampling.stop_token_ids) | self.eos_token_ids,
+            stop_check=stop_check,
             loop=loop,
             future=loop.create_future(),
         )

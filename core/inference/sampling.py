@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from core.inference.api import SamplingParams
+from core.inference.stop_strings import stop_string_problems
 
 _MASK32 = 0xFFFFFFFF
 _MASK16 = 0xFFFF
@@ -118,6 +119,8 @@ def validate_sampling(params: SamplingParams) -> None:
         raise ValueError(f"top_k={params.top_k!r} must be an integer >= 0 (0 = off)")
     if params.seed is not None and not is_int(params.seed):
         raise ValueError(f"seed={params.seed!r} must be an integer or None")
+    if problems := stop_string_problems(params.stop, "stop"):
+        raise ValueError(problems[0])
 
 
 def is_int(value: object) -> bool:

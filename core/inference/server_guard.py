@@ -85,6 +85,7 @@ def make_settings(
         vocab_size=engine.vocab_size,
         context_length=engine.context_length,
         max_new_tokens_cap=max_new_tokens_cap,
+        stop_strings=getattr(engine, "tokenizer", None) is not None,
     )
     return ServerSettings(clean_api_key(api_key), weights_roots(model_dir, weights_root), limits)
 

@@ -40,6 +40,9 @@ def sglang_sampling(params: SamplingParams) -> dict[str, Any]:
         "top_k": params.top_k if params.top_k > 0 else -1,  # SGLang: -1 = off
         "stop_token_ids": list(params.stop_token_ids),
     }
+    if params.stop:  # needs a server with its tokenizer (not --skip-tokenizer-init)
+        out["stop"] = list(params.stop)
+        out["no_stop_trim"] = True  # keep the string's tokens: they were sampled and are trained
     if params.seed is not None:  # absent = the server's own generator
         out["sampling_seed"] = params.seed
     return out

@@ -19,7 +19,9 @@ Rules (each violation raises :class:`RequestError` naming the field; the server 
   ``max_new_tokens_cap``; the default (128, SGLang's) is lowered to the cap instead of failing.
   ``temperature`` a finite number, 0 (greedy) or in ``[1e-6, 1e4]``; ``top_p`` in ``(0, 1]``;
   ``top_k`` an integer >= -1 (-1 and 0 = off); ``stop_token_ids`` at most ``max_stop_ids`` token
-  ids; ``sampling_seed`` an integer or null; ``stop`` only empty (no tokenizer here).
+  ids; ``sampling_seed`` an integer or null; ``stop`` a string or up to 16 non-empty strings,
+  only when the served model folder has a tokenizer (``no_stop_trim`` is accepted: the output
+  always keeps the string's tokens).
 - ``rid`` a string of at most ``max_rid_chars`` or null (for a batch also a list of them);
   ``return_logprob`` and ``stream`` booleans (``stream`` must be false).
 - ``/pause_generation``: ``mode`` one of abort/retract/in_place. ``/update_weights_from_disk``:
@@ -39,6 +41,7 @@ from typing import Any
 
 from core.inference.api import SamplingParams
 from core.inference.sampling import is_int
+from core.inference.stop_strings import stop_string_problems
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when a request does not say
 MIN_TEMPERATURE = 1e-6  # below this (and above 0) the scaled logits overflow float32
@@ -47,7 +50,16 @@ MAX_WEIGHT_VERSION = 2**31 - 1  # one version per optimizer step: anything above
 MAX_PATH_CHARS = 4096
 
 SAMPLING_FIELDS = frozenset(
-    {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "sampling_seed", "stop"}
+    {
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stop_token_ids",
+        "sampling_seed",
+        "stop",
+        "no_stop_trim",
+    }
 )
 GENERATE_FIELDS = frozenset({"input_ids", "sampling_params", "return_logprob", "rid", "stream"})
 PAUSE_FIELDS = frozenset({"mode"})
@@ -76,6 +88,7 @@ class RequestLimits:
     max_prompts: int = 1024  # prompts in one batched /generate
     max_stop_ids: int = 1024
     max_rid_chars: int = 256
+    stop_strings: bool = False  # the engine matches stop strings (it has a tokenizer)
 
     def room(self, n_prompt: int) -> int | None:
         """The most new tokens a prompt of ``n_prompt`` tokens may ask for (None = no limit)."""
@@ -202,8 +215,20 @@ def parse_sampling(raw: Any, n_prompt: int, limits: RequestLimits, field: str) -
     """SGLang ``sampling_params`` -> ours (SGLang's ``top_k=-1`` means off, as our 0 does)."""
     raw = {} if raw is None else _object(raw, field)
     _no_unknown(raw, SAMPLING_FIELDS, field)
-    if raw.get("stop") not in (None, "", []):
+    stop = raw.get("stop")
+    stop = [] if stop in (None, "", []) else [stop] if isinstance(stop, str) else stop
+    if not isinstance(raw.get("no_stop_trim", False), bool):
+        raise RequestError(
+            f"{field}.no_stop_trim", f"must be a boolean, got {_kind(raw['no_stop_trim'])}"
+        )
+    if stop and not limits.stop_strings:
         raise RequestError(f"{field}.stop", "stop strings need a tokenizer; use stop_token_ids")
+    if not isinstance(stop, list):
+        raise RequestError(
+            f"{field}.stop", f"must be a string or a list of strings, got {_kind(stop)}"
+        )
+    if problems := stop_string_problems(stop, f"{field}.stop"):
+        raise RequestError(f"{field}.stop", problems[0].split(": ", 1)[-1])
     room = limits.room(n_prompt)
     if raw.get("max_new_tokens") is None:
         max_new = DEFAULT_MAX_NEW_TOKENS if room is None else min(DEFAULT_MAX_NEW_TOKENS, room)
@@ -233,6 +258,7 @@ def parse_sampling(raw: Any, n_prompt: int, limits: RequestLimits, field: str) -
         top_p=top_p,
         top_k=max(top_k, 0),
         stop_token_ids=list(stop_ids),
+        stop=list(stop),
         seed=seed,
     )
 

@@ -42,6 +42,8 @@ def completions_payload(request: GenerationRequest, model_name: str) -> dict[str
         "top_p": s.top_p,
         "top_k": s.top_k if s.top_k > 0 else -1,  # vLLM: -1 = off
         "stop_token_ids": list(s.stop_token_ids),
+        "stop": list(s.stop),
+        "include_stop_str_in_output": True,  # the trained tokens are the sampled ones
         "logprobs": 0,
         "return_tokens_as_token_ids": True,
         "skip_special_tokens": False,

@@ -37,15 +37,13 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ValueError(f"model.dtype={name!r} is not one of {sorted(DTYPES)}") from None
 
 
-def build_tiny_model(
-    preset: str, tokenizer: PreTrainedTokenizerBase, seed: int
-) -> Qwen2ForCausalLM:
-    """A freshly initialised Qwen2 causal LM of the named size (deterministic per seed)."""
+def preset_config(preset: str, *, vocab_size: int, **token_ids: int | None) -> Qwen2Config:
+    """The Qwen2 configuration of the named preset (``token_ids``: bos/eos/pad token ids)."""
     if not is_preset(preset):
         raise ValueError(f"model.path={preset!r} is not a preset; presets: {sorted(MODEL_PRESETS)}")
     arch = MODEL_PRESETS[preset]
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+    return Qwen2Config(
+        vocab_size=vocab_size,
         hidden_size=arch.hidden_size,
         num_hidden_layers=arch.num_hidden_layers,
         num_attention_heads=arch.num_attention_heads,
@@ -53,10 +51,21 @@ def build_tiny_model(
         intermediate_size=arch.intermediate_size,
         max_position_embeddings=arch.max_position_embeddings,
         tie_word_embeddings=arch.tie_word_embeddings,
+        attn_implementation="sdpa",
+        **token_ids,
+    )
+
+
+def build_tiny_model(
+    preset: str, tokenizer: PreTrainedTokenizerBase, seed: int
+) -> Qwen2ForCausalLM:
+    """A freshly initialised Qwen2 causal LM of the named size (deterministic per seed)."""
+    config = preset_config(
+        preset,
+        vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        attn_implementation="sdpa",
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -5,6 +5,7 @@ Experiments name their reward as ``"module.sub:function"`` (for example
 workers on other machines resolve the same function.
 """
 
+import functools
 import inspect
 import logging
 import math
@@ -64,6 +65,42 @@ def completion_metrics(reward: str | RewardFn) -> dict[str, CompletionMetric]:
     """The metrics a reward function declared with :func:`with_completion_metrics` (maybe none)."""
     fn = resolve_reward(reward) if isinstance(reward, str) else reward
     return dict(getattr(fn, "completion_metrics", {}))
+
+
+def blocking(fn: RewardFn) -> RewardFn:
+    """Mark a reward that waits (on a subprocess: the code reward's sandboxed tests).
+
+    Called inline (``rollout.reward_workers=0``) it runs in a worker thread, so the rollout's
+    event loop keeps generating while it waits; in the verifier pool nothing changes.
+    """
+    fn.blocking = True  # type: ignore[attr-defined]
+    return fn
+
+
+def is_blocking(fn: object) -> bool:
+    return bool(getattr(fn, "blocking", False))
+
+
+def bind_settings(fn: RewardFn, settings: dict[str, object] | None) -> RewardFn:
+    """``fn`` with the ``settings`` it names as keyword parameters bound; the others are dropped.
+
+    Settings are config values a reward may need beyond (completion, reference), such as the
+    sandbox policy of a reward that runs code; a reward that does not name one never sees it.
+    Marks (:func:`blocking`, completion metrics) carry over to the bound function.
+    """
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return fn
+    by_keyword = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    named = {
+        key: value
+        for key, value in (settings or {}).items()
+        if key in parameters and parameters[key].kind in by_keyword
+    }
+    if not named:
+        return fn
+    return functools.update_wrapper(functools.partial(fn, **named), fn)
 
 
 class SafeReward:

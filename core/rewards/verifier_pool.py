@@ -6,6 +6,9 @@ stall every episode the rollout event loop is generating. :class:`VerifierPool` 
 reward by path once and reading JSON lines; a call is sent to an idle one and awaited without
 blocking the loop. A worker exits when its stdin closes, so it never outlives its run. A call that raises, returns a non-number, or runs
 past ``timeout_s`` scores 0.0 and is counted (the hung process is killed and replaced).
+
+Config values a reward names as keyword parameters (:func:`reward_settings`: the sandbox policy
+of a reward that runs code) are bound to it here, inline and in every verifier process.
 """
 
 from __future__ import annotations
@@ -18,15 +21,17 @@ import subprocess
 import sys
 from typing import Any
 
-from core.rewards.registry import SafeReward, resolve_reward
+from core.rewards.registry import SafeReward, bind_settings, is_blocking, resolve_reward
 
 logger = logging.getLogger(__name__)
 
 
-def _serve(path: str) -> None:
+def _serve(path: str, settings: str = "{}") -> None:
     """A verifier process: score JSON lines ``[completion, reference]`` from stdin until EOF,
-    answering ``[value, error or null]`` lines on stdout."""
-    reward = SafeReward(resolve_reward(path), name=path, max_warnings=0)
+    answering ``[value, error or null]`` lines on stdout. ``settings``: JSON, see
+    :func:`reward_settings`."""
+    fn = bind_settings(resolve_reward(path), json.loads(settings))
+    reward = SafeReward(fn, name=path, max_warnings=0)
     out = sys.stdout
     sys.stdout = sys.stderr  # a reward that prints must not corrupt the answers
     for line in sys.stdin:
@@ -41,9 +46,9 @@ def _serve(path: str) -> None:
 class _Worker:
     """One verifier subprocess (a plain process: a daemonic rollout worker may start these)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, settings: dict[str, Any] | None = None) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "core.rewards.verifier_pool", path],
+            [sys.executable, "-m", "core.rewards.verifier_pool", path, json.dumps(settings or {})],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -75,13 +80,20 @@ class _Worker:
 class VerifierPool:
     """``await pool(completion, reference)`` → a reward, scored in another process."""
 
-    def __init__(self, path: str, *, workers: int = 2, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        workers: int = 2,
+        timeout_s: float = 10.0,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
         if workers < 1:
             raise ValueError(f"rollout.reward_workers must be >= 1 for a pool, got {workers}")
         resolve_reward(path)  # a bad path fails here, not in every worker
-        self.path, self.timeout_s = path, timeout_s
+        self.path, self.timeout_s, self.settings = path, timeout_s, settings
         self.n_calls = self.n_failures = self.n_timeouts = 0
-        self._workers = [_Worker(path) for _ in range(workers)]
+        self._workers = [_Worker(path, settings) for _ in range(workers)]
         self._idle: asyncio.Queue[_Worker] | None = None
 
     async def __call__(self, completion: str, reference: str) -> float:
@@ -109,7 +121,7 @@ class VerifierPool:
 
     def _replace(self, worker: _Worker) -> _Worker:
         worker.kill()
-        fresh = _Worker(self.path)
+        fresh = _Worker(self.path, self.settings)
         self._workers[self._workers.index(worker)] = fresh
         return fresh
 
@@ -129,12 +141,16 @@ class VerifierPool:
 
 
 class InlineScorer:
-    """The reward called in the caller's thread (fast rewards: GSM8K's regex)."""
+    """The reward called in the caller's thread (fast rewards: GSM8K's regex), or in a worker
+    thread when it is marked :func:`~core.rewards.registry.blocking` (code tests)."""
 
     def __init__(self, reward: SafeReward) -> None:
         self.reward = reward
+        self.in_thread = is_blocking(reward.fn)
 
     async def __call__(self, completion: str, reference: str) -> float:
+        if self.in_thread:
+            return await asyncio.to_thread(self.reward, completion, reference)
         return self.reward(completion, reference)
 
     def stats(self) -> dict[str, Any]:
@@ -147,20 +163,41 @@ class InlineScorer:
 Scorer = InlineScorer | VerifierPool
 
 
-def make_scorer(reward_fn: Any, *, workers: int = 0, timeout_s: float = 10.0) -> Scorer:
-    """``rollout.reward_workers`` > 0 and an import path: a :class:`VerifierPool`; else inline."""
+def make_scorer(
+    reward_fn: Any,
+    *,
+    workers: int = 0,
+    timeout_s: float = 10.0,
+    settings: dict[str, Any] | None = None,
+) -> Scorer:
+    """``rollout.reward_workers`` > 0 and an import path: a :class:`VerifierPool`; else inline.
+    ``settings`` are bound to a reward that names them (:func:`reward_settings`)."""
     if workers > 0 and isinstance(reward_fn, str):
-        return VerifierPool(reward_fn, workers=workers, timeout_s=timeout_s)
+        return VerifierPool(reward_fn, workers=workers, timeout_s=timeout_s, settings=settings)
     if isinstance(reward_fn, str):
-        return InlineScorer(SafeReward(resolve_reward(reward_fn), name=reward_fn))
-    return InlineScorer(SafeReward(reward_fn))
+        fn = bind_settings(resolve_reward(reward_fn), settings)
+        return InlineScorer(SafeReward(fn, name=reward_fn))
+    return InlineScorer(SafeReward(bind_settings(reward_fn, settings)))
+
+
+def reward_settings(config: Any) -> dict[str, Any]:
+    """Config values a reward function gets when it names them as keyword parameters:
+    ``sandbox`` (``rollout.sandbox``) and ``sandbox_timeout_s`` (``rollout.tool_timeout_s``),
+    for rewards that run model-written code (:mod:`core.rewards.code`)."""
+    r = config.rollout
+    return {"sandbox": r.sandbox, "sandbox_timeout_s": r.tool_timeout_s}
 
 
 def scorer_from_config(config: Any) -> Scorer:
     """The scorer of a :class:`core.config.Config`'s ``rollout.reward_fn`` / ``reward_workers``."""
     r = config.rollout
-    return make_scorer(r.reward_fn, workers=r.reward_workers, timeout_s=r.reward_timeout_s)
+    return make_scorer(
+        r.reward_fn,
+        workers=r.reward_workers,
+        timeout_s=r.reward_timeout_s,
+        settings=reward_settings(config),
+    )
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    _serve(*sys.argv[1:3])

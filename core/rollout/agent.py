@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from core.data.prompting import Prompter
 from core.inference.api import GenerationRequest, InferenceEngine, SamplingParams, generate_resuming
+from core.inference.stop_strings import cut_response
 from core.rewards.verifier_pool import Scorer, make_scorer, scorer_from_config
 from core.rollout.api import Trajectory
 from core.rollout.sandbox import SandboxLimits
@@ -55,7 +56,10 @@ class ToolAgentWorkflow:
             ids = tokenizer(tag, add_special_tokens=False)["input_ids"]
             if len(ids) == 1:
                 stops.append(ids[0])
-        self.sampling = dataclasses.replace(sampling, stop_token_ids=list(dict.fromkeys(stops)))
+        strings = list(dict.fromkeys([*sampling.stop, *self.prompter.stop_strings]))
+        self.sampling = dataclasses.replace(
+            sampling, stop_token_ids=list(dict.fromkeys(stops)), stop=strings
+        )
 
     @classmethod
     def from_config(cls, config: Any, tokenizer: PreTrainedTokenizerBase) -> ToolAgentWorkflow:
@@ -93,7 +97,11 @@ class ToolAgentWorkflow:
             sampling = dataclasses.replace(
                 self.sampling, max_new_tokens=budget, seed=sample.get("seed")
             )
-            response = await generate_resuming(engine, GenerationRequest(ids, sampling))
+            response = cut_response(
+                self.tokenizer,
+                await generate_resuming(engine, GenerationRequest(ids, sampling)),
+                sampling.stop,
+            )
             n_resumes += response.n_resumes
             out, call = self._cut_at_call(response.output_ids)
             ids += out

@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from core.data.prompting import Prompter
 from core.inference.api import GenerationRequest, InferenceEngine, SamplingParams, generate_resuming
+from core.inference.stop_strings import cut_response
 from core.rewards.verifier_pool import Scorer, make_scorer, scorer_from_config
 from core.rollout.api import Trajectory
 
@@ -30,7 +31,8 @@ class RLVRWorkflow:
         self.score = score or make_scorer(reward_fn)
         self.prompter = prompter or Prompter(tokenizer)
         stops = list(dict.fromkeys([*sampling.stop_token_ids, *self.prompter.stop_ids]))
-        self.sampling = dataclasses.replace(sampling, stop_token_ids=stops)
+        strings = list(dict.fromkeys([*sampling.stop, *self.prompter.stop_strings]))
+        self.sampling = dataclasses.replace(sampling, stop_token_ids=stops, stop=strings)
 
     @classmethod
     def from_config(cls, config: Any, tokenizer: PreTrainedTokenizerBase) -> RLVRWorkflow:
@@ -51,7 +53,11 @@ class RLVRWorkflow:
         started = time.monotonic()
         prompt = self.prompt_ids(sample)
         sampling = dataclasses.replace(self.sampling, seed=sample.get("seed"))
-        response = await generate_resuming(engine, GenerationRequest(prompt, sampling))
+        response = cut_response(
+            self.tokenizer,
+            await generate_resuming(engine, GenerationRequest(prompt, sampling)),
+            sampling.stop,
+        )
         completion = self.tokenizer.decode(response.output_ids, skip_special_tokens=True)
         reward = await self.score(completion, sample["answer"])
         n = len(response.output_ids)

@@ -5,8 +5,8 @@
 :class:`Pipeline` runs the stages of :mod:`core.runtime.stages`. *How* each stage runs is a hook,
 a :class:`StageRunner`: :func:`call_stage` calls it (``asyncrl run --plain``, benchmarks, tests);
 the experiment flow passes one that runs it as a Prefect task (``tasks.stages.prefect_stage``).
-Metrics go to ``metrics.jsonl`` and to any extra sinks (the flow adds MLflow's); the summary goes
-to ``summary.json``.
+Metrics go to ``metrics.jsonl``, to TensorBoard's ``tensorboard/`` (``tracking.tensorboard``) and to
+any extra sinks (the flow adds MLflow's); the summary goes to ``summary.json``.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from core.runtime.stages import (
     prepare_data,
     rl_train,
 )
+from core.runtime.tensorboard import TensorBoardSink, tensorboard_dir, tensorboard_url
 from core.runtime.trainer import EvalCallback, RLResult
-from core.storage import join, local_path, upload_file, write_json, write_text
+from core.storage import join, local_path, upload_dir, upload_file, write_json, write_text
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,19 +71,35 @@ class Pipeline:
         stamp_trial(self.config)  # a run without a trial gets a timestamp folder
         path = local_path(join(self.config.run_dir, "metrics.jsonl"))
         self.memory = MemorySink()
-        self.sink = FanOut([self.memory, JsonlSink(path), *self.sinks])
+        self.tensorboard: TensorBoardSink | None = None
+        if self.config.tracking.tensorboard:
+            self.tensorboard = TensorBoardSink(tensorboard_dir(self.config))
+        own = [self.memory, JsonlSink(path), *([self.tensorboard] if self.tensorboard else [])]
+        self.sink = FanOut([*own, *self.sinks])
 
     def run(self, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Every stage; returns the summary (with ``extra`` added) also written to summary.json.
 
-        The run folder is locked for the whole run: a second job on it fails at once.
+        The run folder is locked for the whole run: a second job on it fails at once. The
+        TensorBoard file is closed at the end, whether the run succeeded or failed.
         """
         if not self.lock:
             return self._run(extra)
         with lock_run(self.config):
             return self._run(extra)
 
+    def close(self) -> None:
+        """Close the TensorBoard event file (:meth:`run` does; a :meth:`warm_start` caller may)."""
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
     def _run(self, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+        try:
+            return self._run_stages(extra)
+        finally:
+            self.close()
+
+    def _run_stages(self, extra: Mapping[str, Any] | None) -> dict[str, Any]:
         cfg = self.config
         torch.set_num_threads(max(1, cfg.scheduler.torch_threads))
         started = time.perf_counter()
@@ -153,6 +170,8 @@ def report(
     for name in ("metrics.jsonl", "batches.jsonl"):  # written locally as they grow
         if local_path(join(config.run_dir, name)).exists():
             upload_file(local_path(join(config.run_dir, name)), join(config.run_dir, name))
+    if tensorboard_dir(config).is_dir():  # flushed at every row: complete here
+        upload_dir(tensorboard_dir(config), tensorboard_url(config))
     write_json(join(config.run_dir, "summary.json"), redact(summary))
     logger.info("summary written to %s", join(config.run_dir, "summary.json"))
     return summary

@@ -1,5 +1,8 @@
 """One learner rank: the policy (and, for PPO presets, the critic and a frozen reference).
 
+With ``model.lora_rank`` > 0 the RL policy trains LoRA adapters (core/training/lora.py); the
+SFT warm start and the critic train all their weights.
+
 The driver sends every rank the whole batch; each rank trains on its share of whole groups
 (``shard_rows``), so FSDP2's data parallelism sees the same global batch however many ranks run.
 Every method here is collective: the driver calls it on all ranks at once.
@@ -18,6 +21,7 @@ from core.algorithms import AlgorithmConfig
 from core.config import Config
 from core.training import (
     Learner,
+    LoraSpec,
     PolicyLoss,
     SFTLoss,
     TrainBatch,
@@ -75,6 +79,7 @@ class LearnerWorker:
             total_steps=max(1, steps),
             min_lr_ratio=1.0,
             reference_model_dir=reference,
+            lora=_lora_spec(config),
             **common,
         )
         self.critic = (
@@ -170,6 +175,13 @@ class LearnerWorker:
     def close(self) -> None:
         if self.world_size > 1 and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def _lora_spec(config: Config) -> LoraSpec | None:
+    m = config.model
+    if m.lora_rank == 0:
+        return None
+    return LoraSpec(m.lora_rank, m.lora_alpha, tuple(m.lora_target_modules), m.lora_dropout)
 
 
 def _has_dropout(model: torch.nn.Module) -> bool:

@@ -1,17 +1,30 @@
 """Where the train loop sends its numbers. ``core`` knows only this small interface; the Prefect
-tasks bind an MLflow sink to it (``tasks/``), the CLI a progress bar, tests a list."""
+tasks bind an MLflow sink to it (``tasks/``), the pipeline ``metrics.jsonl`` and TensorBoard's
+(:mod:`core.runtime.tensorboard`), tests a list."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
 
 class MetricSink(Protocol):
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+
+
+def finite_numbers(metrics: Mapping[str, object]) -> dict[str, float]:
+    """The values that are finite numbers, as floats; None, NaN, inf, bools and the rest dropped.
+
+    What the MLflow and TensorBoard sinks record (``metrics.jsonl`` keeps the rest as null).
+    """
+    return {
+        key: float(value)
+        for key, value in metrics.items()
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    }
 
 
 class MemorySink:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from core.config import Config
 from core.data.dataloader import ResumableDataLoader
-from core.data.prompting import Prompter
+from core.data.prompting import Prompter, sft_target
 from core.models import load_tokenizer
 from core.rollout.api import Trajectory
 from core.runtime.metrics import MetricSink
@@ -48,7 +48,7 @@ def sft_warm_start(
     examples = [
         sft_example(
             prompter.prompt_ids(row["question"], row.get("system")),
-            prompter.target_ids(row["answer"]),
+            prompter.target_ids(sft_target(row)),
         )
         for row in train
     ]

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from core.config import Config, ConfigError, config_hash
+from core.config.loading import lora_target_problem
+from core.data.code_synthetic import generate_code_splits
 from core.data.gsm8k import load_gsm8k
-from core.data.prompting import Prompter
+from core.data.prompting import Prompter, sft_target
 from core.data.synthetic import generate_splits
 from core.data.tabular import (
     ColumnError,
@@ -88,6 +90,9 @@ def prepare_data(config: Config) -> PreparedData:
     if data.source == "synthetic":
         seed = config.experiment.seed
         train, test = generate_splits(data.synthetic, data.n_train, data.n_test, seed)
+    elif data.source == "code_synthetic":
+        seed = config.experiment.seed
+        train, test = generate_code_splits(data.code_synthetic, data.n_train, data.n_test, seed)
     elif data.source == "gsm8k":
         train = load_gsm8k(data.gsm8k_path, "train", strict=data.strict, limit=data.n_train or None)
         test = load_gsm8k(data.gsm8k_path, "test", strict=data.strict, limit=data.n_test or None)
@@ -156,7 +161,7 @@ def fit_prompts(config: Config, data: PreparedData, model_dir: str) -> PreparedD
 def training_texts(samples: list[dict], template: str) -> list[str]:
     """Prompt + solution, the text a from-scratch model's tokenizer is trained on (its chat
     format does not exist yet: the ``template`` format's text)."""
-    return [f"{render_prompt(s['question'], template)}{s['answer']}" for s in samples]
+    return [f"{render_prompt(s['question'], template)}{sft_target(s)}" for s in samples]
 
 
 def build_or_load_model(config: Config, data: PreparedData) -> str:
@@ -174,6 +179,9 @@ def build_or_load_model(config: Config, data: PreparedData) -> str:
     else:  # a hub id: fetch it once into the run folder so every process loads the same files
         load_model(model.path, dtype=model.dtype).save_pretrained(str(target))
         load_tokenizer(model.tokenizer_path or model.path).save_pretrained(str(target))
+        problem = lora_target_problem(str(target), model) if model.lora_rank else None
+        if problem is not None:  # validate() could not see a hub model's modules
+            raise ConfigError(problem)
     upload_dir(target, url)  # a no-op for a local fileroot
     return str(target)
 

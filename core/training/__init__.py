@@ -6,6 +6,7 @@
 * ``losses``: the ``LossFn`` protocol (global normaliser + per-micro-batch loss) and the policy,
   SFT and value losses built on ``core.algorithms``.
 * ``learner``: ``Learner`` (one per rank; FSDP2 when a process group exists).
+* ``lora``: ``LoraSpec``: peft LoRA adapters on the policy, merged for the engines.
 * ``checkpoint``: sharded DCP checkpoints to any fsspec URL, HF export for weight publishing.
 * ``distributed``: process-group setup, small collectives, ``spawn_local`` for tests.
 """
@@ -44,6 +45,7 @@ from core.training.logprobs import (
     token_logprobs,
     token_logprobs_and_entropy,
 )
+from core.training.lora import LoraSpec
 from core.training.losses import LossFn, PolicyLoss, SFTLoss, ValueLoss
 from core.training.lr_schedule import WarmupCosine, warmup_cosine_schedule
 from core.training.stats import StatsAccumulator
@@ -52,6 +54,7 @@ from core.training.value_model import ValueModel
 __all__ = [
     "DistInfo",
     "Learner",
+    "LoraSpec",
     "LossFn",
     "PolicyLoss",
     "SFTLoss",

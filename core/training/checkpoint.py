@@ -8,9 +8,11 @@ Checkpoints
     ``s3:``. Each rank writes its own shards; DCP writes ``.metadata`` last, so
     ``checkpoint_complete(url)`` doubles as the commit marker. DCP reshards on load, so a
     checkpoint from R ranks loads on any other number of ranks (or one plain process).
+    With ``trainable_only`` (LoRA) the model part holds the trainable parameters alone; the
+    frozen ones are whatever the loading model was built with.
 
 HF export
-    ``export_hf`` gathers the full state dict on rank 0 and writes a folder that
+    ``export_hf`` writes a state dict gathered on rank 0 (``full_state_dict``) as a folder that
     ``from_pretrained`` (and SGLang's ``update_weights_from_disk``) loads: ``config.json``,
     ``model.safetensors`` and the tokenizer/generation files copied from the source folder.
 """
@@ -23,7 +25,7 @@ import logging
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,18 +66,25 @@ def _single_process_ok() -> Iterator[None]:
         yield
 
 
+def _trainable(model: nn.Module, model_sd: dict[str, Any]) -> dict[str, Any]:
+    names = {name for name, param in model.named_parameters() if param.requires_grad}
+    return {key: value for key, value in model_sd.items() if key in names}
+
+
 def save_state(
     url: str,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     meta: dict[str, Any],
+    *,
+    trainable_only: bool = False,
 ) -> None:
     """Write a sharded checkpoint to ``url`` (collective: every rank calls it)."""
     fresh_optimizer = not optimizer.state
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {
-        "model": model_sd,
+        "model": _trainable(model, model_sd) if trainable_only else model_sd,
         "optim": optim_sd,
         "scheduler": scheduler.state_dict(),
         # DCP restores only keys the loading template has, so free-form data travels as JSON.
@@ -90,18 +99,30 @@ def save_state(
     logger.info("saved checkpoint to %s", url)
 
 
+def read_meta(url: str) -> dict[str, Any]:
+    """The ``meta`` dict of the checkpoint at ``url`` alone (collective)."""
+    if not checkpoint_complete(url):
+        raise FileNotFoundError(f"no complete checkpoint at {url} (missing .metadata)")
+    state = {"meta": {"json": ""}}
+    with _single_process_ok():
+        dcp.load(state, checkpoint_id=url, no_dist=_no_dist())
+    return json.loads(state["meta"]["json"])
+
+
 def load_state(
     url: str,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    *,
+    trainable_only: bool = False,
 ) -> dict[str, Any]:
     """Load a checkpoint written by ``save_state`` in place; returns its ``meta`` dict."""
     if not checkpoint_complete(url):
         raise FileNotFoundError(f"no complete checkpoint at {url} (missing .metadata)")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {
-        "model": model_sd,
+        "model": _trainable(model, model_sd) if trainable_only else model_sd,
         "optim": optim_sd,
         "scheduler": scheduler.state_dict(),
         "meta": {"json": ""},
@@ -109,7 +130,12 @@ def load_state(
     with _single_process_ok():
         dcp.load(state, checkpoint_id=url, no_dist=_no_dist())
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        # the frozen parameters are absent on purpose; DCP has checked the trainable ones
+        options=StateDictOptions(strict=not trainable_only),
     )
     scheduler.load_state_dict(state["scheduler"])
     logger.info("loaded checkpoint from %s", url)
@@ -182,21 +208,30 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def export_hf(
-    model: nn.Module, source_dir: str | Path, directory: str | Path, *, dtype: torch.dtype
+    state: dict[str, torch.Tensor],
+    source_dir: str | Path,
+    directory: str | Path,
+    *,
+    dtype: torch.dtype,
+    extra: Callable[[Path], None] | None = None,
 ) -> None:
-    """Rank 0 writes a ``from_pretrained`` folder; all ranks return once it is complete.
+    """Rank 0 writes ``state`` (its ``full_state_dict``) as a ``from_pretrained`` folder; all
+    ranks return once it is complete (collective).
 
     The folder is assembled next to ``directory`` and renamed into place, so a reader never
-    sees a half-written export.
+    sees a half-written export; ``extra(staging)`` adds files to it first (the LoRA adapter).
     """
-    state = full_state_dict(model)
     if is_main():
-        _write_hf_folder(state, Path(source_dir), Path(directory), dtype)
+        _write_hf_folder(state, Path(source_dir), Path(directory), dtype, extra)
     barrier()
 
 
 def _write_hf_folder(
-    state: dict[str, torch.Tensor], source_dir: Path, directory: Path, dtype: torch.dtype
+    state: dict[str, torch.Tensor],
+    source_dir: Path,
+    directory: Path,
+    dtype: torch.dtype,
+    extra: Callable[[Path], None] | None,
 ) -> None:
     config = AutoConfig.from_pretrained(str(source_dir))
     if getattr(config, "tie_word_embeddings", False):
@@ -215,6 +250,8 @@ def _write_hf_folder(
                 and not item.name.endswith(_WEIGHT_SUFFIXES)
             ):
                 shutil.copy2(item, staging / item.name)
+        if extra is not None:
+            extra(staging)
         staging.chmod(0o755)  # mkdtemp makes it private; engines may run as another user
         if directory.exists():
             shutil.rmtree(directory)

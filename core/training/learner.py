@@ -17,6 +17,13 @@ Normaliser and gradient averaging (how one step equals the unsplit batch)
     hold different numbers of micro-batches; the short ones run zero-weight placeholder passes
     so that FSDP's collectives stay in step.
 
+LoRA
+    With ``lora`` the policy is wrapped with peft adapters before sharding and only they train
+    (see lora.py): the KL reference is the same model with its adapters disabled, weight
+    exports hold the merged weights under the base model's names (plus the adapter in
+    ``adapter/``), and checkpoints hold the adapters and their optimiser state, the frozen base
+    being re-read from ``model_dir`` (recorded in the checkpoint and checked on load).
+
 Versions
     ``step`` counts optimiser updates (it drives the LR schedule). ``version`` is the weight
     version the async loop stamps on generated tokens; AReaL bumps it once per *training batch*
@@ -27,6 +34,7 @@ Versions
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -48,6 +56,14 @@ from core.training.batch import (
 )
 from core.training.distributed import all_reduce_max, all_reduce_sum, dist_info, is_initialized
 from core.training.logprobs import effective_temperature, entropy_from_logits, logprobs_from_logits
+from core.training.lora import (
+    LoraSpec,
+    apply_lora,
+    lora_mismatch,
+    lora_scalings,
+    merged_state_dict,
+    save_adapter,
+)
 from core.training.losses import LossFn, SFTLoss
 from core.training.lr_schedule import warmup_cosine_schedule
 from core.training.sharding import shard_model
@@ -82,9 +98,12 @@ class Learner:
         seed: int = 0,
         with_value_head: bool = False,
         reference_model_dir: str | Path | None = None,
+        lora: LoraSpec | None = None,
     ) -> None:
         if with_value_head and reference_model_dir is not None:
             raise ValueError("a critic (with_value_head=True) takes no reference_model_dir")
+        if with_value_head and lora is not None:
+            raise ValueError("a critic (with_value_head=True) trains all its weights: no lora")
         self.model_dir = Path(model_dir)
         self.device = dist_info().device
         self.sharded = is_initialized()
@@ -95,19 +114,30 @@ class Learner:
         self.temperature = effective_temperature(temperature)
         self.max_grad_norm = max_grad_norm
         self.with_value_head = with_value_head
+        self.lora = lora
         self.step = 0
         self.version = 0
 
         # Master weights are float32 whatever the compute dtype (see sharding.py). ``seed`` only
-        # initialises the value head (nothing else here is random); no global RNG is touched.
+        # initialises the value head or the LoRA adapters (nothing else here is random); no
+        # global RNG is touched.
         attention = {"attn_implementation": attn_implementation}
         if with_value_head:
             model: nn.Module = ValueModel.from_pretrained(model_dir, seed=seed, **attention)
         else:
             model = load_model(model_dir, dtype="float32", **attention)
+        if lora is not None:
+            model = apply_lora(model, lora, seed=seed)
+        self._scalings = lora_scalings(model)
         self.model = self._place(model)
         self.reference: nn.Module | None = None
-        if reference_model_dir is not None:
+        # With LoRA the frozen base *is* the initial policy: the reference costs no memory.
+        self._reference_is_base = (
+            lora is not None
+            and reference_model_dir is not None
+            and Path(reference_model_dir) == self.model_dir
+        )
+        if reference_model_dir is not None and not self._reference_is_base:
             reference = load_model(reference_model_dir, dtype="float32", **attention)
             reference.requires_grad_(False)
             self.reference = self._place(reference)
@@ -122,12 +152,14 @@ class Learner:
             min_lr_ratio=min_lr_ratio,
         )
         logger.info(
-            "learner ready: %s%s on %s, world size %d, %.2f M parameters",
+            "learner ready: %s%s on %s, world size %d, %.2f M parameters (%.2f M trainable%s)",
             "critic of " if with_value_head else "",
             model_dir,
             self.device,
             self.world_size,
             sum(p.numel() for p in self.model.parameters()) / 1e6,
+            sum(p.numel() for p in self.model.parameters() if p.requires_grad) / 1e6,
+            f", LoRA rank {lora.rank}" if lora is not None else "",
         )
 
     # --- placement --------------------------------------------------------------------------
@@ -203,6 +235,9 @@ class Learner:
 
     def compute_reference_logprobs(self, batch: TrainBatch) -> Tensor:
         """``[N, T]`` log-probs of the frozen reference model (for KL terms)."""
+        if self._reference_is_base:
+            with self.model.disable_adapter():  # type: ignore[operator]
+                return self._no_grad_outputs(self.model, batch, self._logprobs)
         if self.reference is None:
             raise ValueError("no reference model: pass reference_model_dir to the Learner")
         return self._no_grad_outputs(self.reference, batch, self._logprobs)
@@ -322,8 +357,12 @@ class Learner:
 
     # --- weights and checkpoints ------------------------------------------------------------
     def full_state_dict(self) -> dict[str, Tensor]:
-        """Full float32 CPU state dict on rank 0, ``{}`` on other ranks (collective)."""
-        return checkpoint.full_state_dict(self.model)
+        """Full float32 CPU state dict on rank 0, ``{}`` on other ranks (collective).
+
+        With LoRA: the merged weights under the base model's names (what the engines load).
+        """
+        state = checkpoint.full_state_dict(self.model)
+        return merged_state_dict(state, self._scalings) if self.lora is not None else state
 
     def export_hf(self, directory: str | Path, *, dtype: str | None = None) -> Path:
         """Write a ``from_pretrained`` folder (rank 0; collective) for the inference engines.
@@ -333,28 +372,76 @@ class Learner:
         if self.with_value_head:
             raise ValueError("export_hf publishes policies; a critic is saved with save_checkpoint")
         out_dtype = self.compute_dtype if dtype is None else torch_dtype(dtype)
-        checkpoint.export_hf(self.model, self.model_dir, directory, dtype=out_dtype)
+        state = checkpoint.full_state_dict(self.model)
+        weights, adapter = state, None
+        if self.lora is not None:
+            weights = merged_state_dict(state, self._scalings)
+            adapter = functools.partial(save_adapter, self.model, state)
+        checkpoint.export_hf(weights, self.model_dir, directory, dtype=out_dtype, extra=adapter)
         return Path(directory)
 
     def save_checkpoint(self, url: str, *, extra: dict[str, Any] | None = None) -> None:
         """Sharded model/optimizer/schedule/counters to ``url`` (a path or fsspec URL)."""
-        meta = {"step": self.step, "version": self.version, "extra": extra or {}}
-        checkpoint.save_state(str(url), self.model, self.optimizer, self.scheduler, meta)
+        meta = {
+            "step": self.step,
+            "version": self.version,
+            "extra": extra or {},
+            "lora": self._lora_meta(),
+        }
+        checkpoint.save_state(
+            str(url),
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            meta,
+            trainable_only=self.lora is not None,
+        )
 
     def load_checkpoint(self, url: str) -> dict[str, Any]:
         """Restore a ``save_checkpoint`` in place; returns the ``extra`` saved with it."""
-        meta = checkpoint.load_state(str(url), self.model, self.optimizer, self.scheduler)
+        self._check_lora_meta(str(url), checkpoint.read_meta(str(url)).get("lora"))
+        meta = checkpoint.load_state(
+            str(url),
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            trainable_only=self.lora is not None,
+        )
         self.step, self.version = int(meta["step"]), int(meta["version"])
         if self.step == 0:
             # Saved before any update: AdamW must start from an empty state (see save_state).
             self.optimizer.state.clear()
         return meta["extra"]
 
+    def _lora_meta(self) -> dict[str, Any] | None:
+        """The adapters' settings and the base they sit on (a LoRA checkpoint holds no base)."""
+        if self.lora is None:
+            return None
+        return {**self.lora.to_json(), "base": str(self.model_dir)}
+
+    def _check_lora_meta(self, url: str, saved: dict[str, Any] | None) -> None:
+        mismatch = lora_mismatch(saved, self.lora)
+        if mismatch is not None:
+            raise ValueError(f"checkpoint {url}: {mismatch}")
+        if saved is not None and saved["base"] != str(self.model_dir):
+            logger.warning(
+                "checkpoint %s holds adapters trained on %s; loading them on %s (the same "
+                "weights are assumed)",
+                url,
+                saved["base"],
+                self.model_dir,
+            )
+
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """No weight decay on biases and norm weights (1-D tensors), as is standard for LMs."""
+    """No weight decay on biases and norm weights (1-D tensors), as is standard for LMs.
+
+    Frozen parameters (the base model under LoRA) are left out.
+    """
     decay, no_decay = [], []
     for param in model.parameters():
+        if not param.requires_grad:
+            continue
         (decay if param.ndim >= 2 else no_decay).append(param)
     return [
         {"params": decay, "weight_decay": weight_decay},

@@ -41,7 +41,7 @@ def test_shipped_configs_validate() -> None:
     assert quick.algorithm.name == "grpo"
     gpu = load_config(GSM8K)
     assert gpu.model.path == "Qwen/Qwen2-1.5B-Instruct"
-    assert gpu.rollout.engine == "sglang"
+    assert gpu.rollout.engine == "hf"  # our engine on CUDA: the single-node command as written
     assert gpu.cluster.n_gpus_per_node == 8
     assert gpu.model.dtype == "bfloat16"
     agent = load_config(ROOT / "experiments" / "agent_tools.yaml")
@@ -131,8 +131,10 @@ def test_value_checks_name_the_field() -> None:
         load_config(QUICKSTART, ["rollout.max_staleness=-1"])
     with pytest.raises(ConfigError, match="scheduler.type"):
         load_config(QUICKSTART, ["scheduler.type=kubernetes"])
-    with pytest.raises(ConfigError, match="rollout.engine='sglang' needs GPUs"):
+    with pytest.raises(ConfigError, match="rollout.engine='sglang' needs running servers"):
         load_config(QUICKSTART, ["rollout.engine=sglang"])
+    sglang = ["rollout.engine=sglang", "rollout.server_addresses=[10.0.0.5:30000]"]
+    assert load_config(GSM8K, sglang).rollout.server_addresses == ["10.0.0.5:30000"]
 
 
 def test_overlong_buffer_must_fit_the_generation_budget() -> None:
@@ -339,3 +341,12 @@ def test_fileroot_from_the_environment_only_when_left_at_default(
 
     monkeypatch.setenv(FILEROOT_ENV, "")  # set but empty: not a fileroot
     assert load_config(QUICKSTART).cluster.fileroot == "runs"
+
+
+def test_yaml_11_words_stay_text_in_text_fields() -> None:
+    """`off`/`yes` are booleans to YAML 1.1: a text field keeps what was typed, a bool reads it."""
+    cfg = load_config(
+        QUICKSTART, ["experiment.trial=off", "data.system_prompt=yes", "tracking.tensorboard=off"]
+    )
+    assert (cfg.experiment.trial, cfg.data.system_prompt) == ("off", "yes")
+    assert cfg.tracking.tensorboard is False

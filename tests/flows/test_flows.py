@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+import numpy as np
 import optuna
 import pytest
 
 from core.config import load_config
 from tasks.mlflow_tracking import tracking_uri
+from tests.core.runtime.helpers import read_scalars
 
 pytestmark = pytest.mark.integration
 
@@ -86,6 +88,25 @@ def test_experiment_flow_records_an_mlflow_run(harness: None, tmp_path: Path) ->
     on_disk = json.loads((tmp_path / "quickstart" / "e1" / "summary.json").read_text())
     assert on_disk["mlflow_run_id"] == result["mlflow_run_id"]
     assert on_disk["checkpoint_url"] == result["checkpoint_url"]
+    # TensorBoard: the rows of metrics.jsonl (as float32), in the run folder and in MLflow
+    run_dir = tmp_path / "quickstart" / "e1"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    scalars = read_scalars(run_dir / "tensorboard")
+    for key in ("sft/loss", "reward/mean", "eval/accuracy"):
+        expected = [(r["step"], float(np.float32(r[key]))) for r in rows if r.get(key) is not None]
+        assert scalars[key] == expected and expected, key
+    assert scalars["reward/mean"] == [(m.step, float(np.float32(m.value))) for m in history]
+    assert "tensorboard" in artifacts
+    logged = [
+        Path(a.path).name
+        for a in client_for(tmp_path).list_artifacts(run.info.run_id, "tensorboard")
+    ]
+    assert len(logged) == 1 and logged[0].startswith("events.out.tfevents."), logged
+    (tmp_path / "download").mkdir()
+    copy = client_for(tmp_path).download_artifacts(
+        run.info.run_id, "tensorboard", str(tmp_path / "download")
+    )
+    assert read_scalars(Path(copy)) == scalars
 
 
 def test_ablate_command_parses_the_config_once_and_compares(
@@ -188,3 +209,5 @@ def test_s3_fileroot_puts_checkpoints_and_artifacts_in_the_bucket(
     artifacts = fs.find(f"{s3_bucket}/runs/mlartifacts")
     assert any(path.endswith("summary.json") for path in artifacts)
     assert any(path.endswith("config.yaml") for path in artifacts)
+    assert fs.glob(f"{s3_bucket}/runs/quickstart/s3/tensorboard/events.out.tfevents.*")
+    assert any("/tensorboard/events.out.tfevents." in path for path in artifacts)

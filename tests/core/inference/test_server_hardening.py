@@ -317,7 +317,7 @@ def test_malformed_bodies_are_400_and_do_not_stall_the_server(server, http) -> N
         ({"sampling_params": {"top_k": -2}}, "top_k"),
         ({"sampling_params": {"top_k": True}}, "top_k"),
         ({"sampling_params": {"sampling_seed": "7"}}, "sampling_seed"),
-        ({"sampling_params": {"stop": ["\n"]}}, "stop"),
+        ({"sampling_params": {"stop": [""]}}, "stop"),
         ({"sampling_params": {"stop_token_ids": [1.0]}}, "stop_token_ids[0]"),
         ({"sampling_params": [{}]}, "sampling_params"),
         ({"input_ids": [[1, 2], [3]], "sampling_params": [{}]}, "sampling_params"),

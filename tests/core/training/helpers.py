@@ -13,6 +13,7 @@ from core.models import load_model
 from core.rollout.api import Trajectory
 from core.training import (
     Learner,
+    LoraSpec,
     PolicyLoss,
     TrainBatch,
     ValueLoss,
@@ -163,17 +164,19 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
-def checkpoint_round_trip(model_dir: Path, batch: TrainBatch, url: str, k: int) -> dict[str, Any]:
+def checkpoint_round_trip(
+    model_dir: Path, batch: TrainBatch, url: str, k: int, lora: LoraSpec | None = None
+) -> dict[str, Any]:
     """Rank function: k SFT steps, save, one more step; a fresh learner loads and does that step."""
     local = shard_rows(batch, get_rank(), get_world_size())
-    first = Learner(model_dir, **ADAM, micro_batch_tokens=48)
+    first = Learner(model_dir, **ADAM, micro_batch_tokens=48, lora=lora)
     for _ in range(k):
         first.sft_step(local)
     first.version = 3
     first.save_checkpoint(url, extra={"k": k})
     saved = first.full_state_dict()
     expected = first.sft_step(local)
-    resumed = Learner(model_dir, **ADAM, micro_batch_tokens=48)
+    resumed = Learner(model_dir, **ADAM, micro_batch_tokens=48, lora=lora)
     extra = resumed.load_checkpoint(url)
     counters = (resumed.step, resumed.version)
     got = resumed.sft_step(local)
@@ -186,6 +189,26 @@ def checkpoint_round_trip(model_dir: Path, batch: TrainBatch, url: str, k: int) 
         "extra": extra,
         "counters": counters,
     }
+
+
+def lora_suite(
+    model_dir: Path,
+    batch: TrainBatch,
+    runs: list[dict[str, Any]],
+    url: str,
+    lora: LoraSpec,
+    export_dir: str,
+) -> dict[str, Any]:
+    """Rank function: LoRA PPO runs (KL against the adapter-free base), a LoRA checkpoint
+    round trip and a LoRA export in one process (one spawn for all)."""
+    result = {
+        "ppo": ppo_runs(model_dir, batch, runs),
+        "checkpoint": checkpoint_round_trip(model_dir, batch, url, 2, lora),
+    }
+    learner = Learner(model_dir, **ADAM, micro_batch_tokens=48, lora=lora)
+    learner.sft_step(shard_rows(batch, get_rank(), get_world_size()))
+    learner.export_hf(export_dir)
+    return result
 
 
 def collectives_then_fail(fail_rank: int) -> None:
