@@ -26,7 +26,7 @@ from prefect import deploy, serve
 from prefect.deployments.runner import EntrypointType
 from prefect.schedules import Cron
 
-from core.config import ConfigError
+from core.config import ConfigError, ConfigSource
 from core.redaction import secret_overrides
 from flows.ablation import DEFAULT_ALGORITHMS, ablation, ablation_variants
 from flows.experiment import experiment
@@ -71,6 +71,15 @@ def _invalid_config_for_the_ui() -> Iterator[None]:
         raise ValueError(f"invalid config: {err}") from None
 
 
+def _form_source(config_path: str, overrides: list[str] | None, **fields: Any) -> ConfigSource:
+    """The run form's config: the file, the free overrides and the typed fields (unset ones
+    left out); warns when an override held a secret, fails in the UI's terms when invalid."""
+    overrides = list(overrides or [])
+    _warn_on_secrets(overrides)
+    with _invalid_config_for_the_ui():
+        return form_source(config_path, overrides, form_values(**fields))
+
+
 @redacted_flow(name="experiment-from-yaml")
 def experiment_from_yaml(
     config_path: ConfigPath = "experiments/quickstart.yaml",
@@ -83,18 +92,12 @@ def experiment_from_yaml(
     overrides: Overrides = None,
 ) -> dict[str, Any]:
     """One experiment from a config file, the run form's typed fields and free overrides."""
-    overrides = list(overrides or [])
-    _warn_on_secrets(overrides)
-    values = form_values(
-        algorithm=algorithm,
-        max_staleness=max_staleness,
-        total_steps=total_steps,
-        lr=lr,
-        seed=seed,
-        fileroot=fileroot,
-    )
+    source = _form_source(
+        config_path, overrides, algorithm=algorithm, max_staleness=max_staleness,
+        total_steps=total_steps, lr=lr, seed=seed, fileroot=fileroot,
+    )  # fmt: skip
     with _invalid_config_for_the_ui():
-        config = form_source(config_path, overrides, values).resolve()
+        config = source.resolve()
     return experiment.fn(config)  # the experiment's body, in this flow run (no subflow)
 
 
@@ -113,13 +116,11 @@ def ablation_from_yaml(
 ) -> dict[str, Any]:
     """Algorithms × seeds of a config file, typed fields and overrides, compared in MLflow."""
     algorithms = list(algorithms or DEFAULT_ALGORITHMS)
-    overrides = list(overrides or [])
-    _warn_on_secrets(overrides)
-    values = form_values(
-        max_staleness=max_staleness, total_steps=total_steps, lr=lr, seed=seed, fileroot=fileroot
-    )
+    source = _form_source(
+        config_path, overrides, max_staleness=max_staleness, total_steps=total_steps, lr=lr,
+        seed=seed, fileroot=fileroot,
+    )  # fmt: skip
     with _invalid_config_for_the_ui():
-        source = form_source(config_path, overrides, values)
         ablation_variants(source, algorithms, seeds)  # every variant validates before any work
     return ablation(source, algorithms, seeds, parallel)  # parallel: "auto" or a number
 

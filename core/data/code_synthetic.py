@@ -17,15 +17,13 @@ gives RL with the test reward something to find. Held-out solutions are always c
 from __future__ import annotations
 
 import json
-import logging
 import random
 import string
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from core.data.splits import SampleStream, first_samples, fresh_splits
 from core.schema import documented
-
-logger = logging.getLogger(__name__)
 
 SPLITS: tuple[str, ...] = ("train", "test")
 FUNCTION_NAMES: tuple[str, ...] = ("f", "g", "h", "calc")
@@ -208,16 +206,17 @@ def _to_sample(i: int, problem: _Problem, buggy: bool, seed: int, split: str) ->
     }
 
 
+def _stream(spec: CodeSpec, seed: int) -> SampleStream:
+    def samples(split: str) -> Iterator[tuple[int, dict]]:
+        for i, problem, buggy in _iter_problems(spec, seed, split):
+            yield i, _to_sample(i, problem, buggy, seed, split)
+
+    return samples
+
+
 def generate_code_problems(n: int, spec: CodeSpec, seed: int, split: str = "train") -> list[dict]:
     """Generate ``n`` samples (see the module docstring); deterministic per ``seed``."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    out: list[dict] = []
-    for i, problem, buggy in _iter_problems(spec, seed, split) if n else ():
-        out.append(_to_sample(i, problem, buggy, seed, split))
-        if len(out) == n:
-            break
-    return out
+    return first_samples(_stream(spec, seed), n, split)
 
 
 def generate_code_splits(
@@ -227,20 +226,5 @@ def generate_code_splits(
 
     Raises ValueError when the spec's problem space is too small for ``n_test`` fresh questions.
     """
-    train = generate_code_problems(n_train, spec, seed, "train")
-    seen = {row["question"] for row in train}
-    test: list[dict] = []
-    max_tries = 100 * n_test + 10_000
-    for i, problem, buggy in _iter_problems(spec, seed, "test") if n_test else ():
-        if i >= max_tries:
-            raise ValueError(
-                f"found only {len(test)} of {n_test} test questions not in train after "
-                f"{max_tries} tries; widen the spec (families, max_constant) or lower n_train"
-            )
-        if problem.question in seen:
-            continue
-        seen.add(problem.question)
-        test.append(_to_sample(i, problem, buggy, seed, "test"))
-        if len(test) == n_test:
-            break
-    return train, test
+    widen = "widen the spec (families, max_constant) or lower n_train"
+    return fresh_splits(_stream(spec, seed), n_train, n_test, widen)

@@ -13,14 +13,12 @@ Keep that knob structure when changing the generator.
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from core.data.splits import SampleStream, first_samples, fresh_splits
 from core.schema import documented
-
-logger = logging.getLogger(__name__)
 
 OPERATIONS: tuple[str, ...] = ("+", "-", "*")
 SPLITS: tuple[str, ...] = ("train", "test")
@@ -270,48 +268,24 @@ def _to_sample(
     }
 
 
+def _stream(spec: SyntheticSpec, seed: int) -> SampleStream:
+    def samples(split: str) -> Iterator[tuple[int, dict]]:
+        for i, problem, style in _iter_problems(spec, seed, split):
+            yield i, _to_sample(i, problem, style, spec, seed, split)
+
+    return samples
+
+
 def generate_problems(n: int, spec: SyntheticSpec, seed: int, split: str = "train") -> list[dict]:
     """Generate ``n`` samples ``{"id", "question", "answer", "style"}``; deterministic."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    out: list[dict] = []
-    if n == 0:
-        return out
-    for i, problem, style in _iter_problems(spec, seed, split):
-        out.append(_to_sample(i, problem, style, spec, seed, split))
-        if len(out) == n:
-            break
-    return out
+    return first_samples(_stream(spec, seed), n, split)
 
 
 def generate_splits(
     spec: SyntheticSpec, n_train: int, n_test: int, seed: int
 ) -> tuple[list[dict], list[dict]]:
-    """Generate train and test sets such that no test question appears in train.
-
-    Test questions that repeat a train question (or an earlier test question) are skipped,
-    so test ids may skip indices. Raises ValueError when the spec's problem space is too
-    small to find ``n_test`` fresh questions.
-    """
-    train = generate_problems(n_train, spec, seed, "train")
-    seen = {row["question"] for row in train}
-    test: list[dict] = []
-    n_skipped = 0
-    max_tries = 100 * n_test + 10_000
-    if n_test > 0:
-        for i, problem, style in _iter_problems(spec, seed, "test"):
-            if i >= max_tries:
-                raise ValueError(
-                    f"found only {len(test)} of {n_test} test questions not in train after "
-                    f"{max_tries} tries; widen the spec (steps, max_operand, operations)"
-                )
-            if problem.question in seen:
-                n_skipped += 1
-                continue
-            seen.add(problem.question)
-            test.append(_to_sample(i, problem, style, spec, seed, "test"))
-            if len(test) == n_test:
-                break
-    if n_skipped:
-        logger.debug("generate_splits skipped %d repeated test questions", n_skipped)
-    return train, test
+    """Generate train and test sets such that no test question appears in train (see
+    :func:`core.data.splits.fresh_splits`)."""
+    return fresh_splits(
+        _stream(spec, seed), n_train, n_test, "widen the spec (steps, max_operand, operations)"
+    )
