@@ -45,7 +45,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "scheduler.type": ("local", "ray"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.attn_implementation": ("sdpa", "eager", "flash_attention_2"),
-    "data.source": ("synthetic", "code_synthetic", "gsm8k", "dataset"),
+    "data.source": ("synthetic", "code_synthetic", "search_synthetic", "gsm8k", "dataset"),
     "rollout.engine": ("hf", "sglang", "vllm"),
     "checkpoint.recover": ("off", "auto"),
     "data.prompt_format": PROMPT_FORMATS,
@@ -200,6 +200,7 @@ POSITIVE = (
 )  # fmt: skip
 NON_NEGATIVE = (
     "rollout.max_staleness", "rollout.top_k", "rollout.tool_latency_s", "learner.total_steps",
+    "rollout.tool_latency_p99_s",
     "sft.steps", "sft.warmup_steps", "sft.weight_decay", "sft.max_grad_norm",
     "eval.every_n_steps", "eval.n_samples", "eval.n_problems", "checkpoint.every_n_steps",
     "data.n_train", "data.n_test", "cluster.n_gpus_per_node", "data.max_prompt_tokens",
@@ -240,8 +241,12 @@ def validate(config: Config) -> None:
         raise ConfigError(f"rollout.temperature must be >= 0, got {config.rollout.temperature}")
     if not 0 < config.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p must be in (0, 1], got {config.rollout.top_p}")
-    if config.data.source in ("synthetic", "code_synthetic") and config.data.n_test <= 0:
+    if (
+        config.data.source in ("synthetic", "code_synthetic", "search_synthetic")
+        and config.data.n_test <= 0
+    ):
         raise ConfigError("data.n_test must be > 0 for synthetic data")
+    _check_tool_latency(config)
     algo = config.algorithm
     if algo.overlong_reward_penalty:
         max_len = algo.overlong_max_len or config.rollout.max_new_tokens
@@ -258,12 +263,29 @@ def validate(config: Config) -> None:
             resolve(select(config, key))
         except ValueError as err:
             raise ConfigError(f"{key}: {err}") from None
+    if config.rollout.agent or config.rollout.workflow.endswith(":OpenAIAgentWorkflow"):
+        from core.agents.workflow import load_agent  # transformers: only when used
+
+        try:
+            load_agent(config.rollout.agent)
+        except ValueError as err:
+            raise ConfigError(f"rollout.agent: {err}") from None
     if config.rollout.engine != "hf" and not config.rollout.server_addresses:
         # A run does not launch SGLang/vLLM servers itself (yet): it needs running ones.
         raise ConfigError(
             f"rollout.engine={config.rollout.engine!r} needs running servers in "
             "rollout.server_addresses (host:port, ...); or rollout.engine=hf, our engine in the "
             "rollout worker (CPU or CUDA)"
+        )
+
+
+def _check_tool_latency(config: Config) -> None:
+    """A latency tail needs a median to scale and a p99 at or above it."""
+    median, p99 = config.rollout.tool_latency_s, config.rollout.tool_latency_p99_s
+    if p99 and not 0 < median <= p99:
+        raise ConfigError(
+            f"rollout.tool_latency_p99_s={p99} needs 0 < rollout.tool_latency_s <= it (the "
+            f"median), got rollout.tool_latency_s={median}; or tool_latency_p99_s=0 (no tail)"
         )
 
 

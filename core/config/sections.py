@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from core.algorithms.config import AlgorithmConfig
 from core.data.code_synthetic import CodeSpec
+from core.data.search_synthetic import SearchSpec
 from core.data.synthetic import SyntheticSpec
 from core.schema import documented
 
@@ -121,8 +122,9 @@ class DataConfig:
     source: str = documented(
         "synthetic",
         "'synthetic' (generated GSM8K-style problems), 'code_synthetic' (generated function-"
-        "writing problems with tests, for core.rewards.code), 'gsm8k', or 'dataset' (any tabular "
-        "data: data.path and the column keys).",
+        "writing problems with tests, for core.rewards.code), 'search_synthetic' (multi-hop "
+        "questions over a generated corpus, for the search agent), 'gsm8k', or 'dataset' (any "
+        "tabular data: data.path and the column keys).",
     )
     gsm8k_path: str = documented(
         "bundled",
@@ -191,6 +193,10 @@ class DataConfig:
     )
     code_synthetic: CodeSpec = documented(
         help="source=code_synthetic: synthetic code problem generator knobs.", factory=CodeSpec
+    )
+    search_synthetic: SearchSpec = documented(
+        help="source=search_synthetic: the generated corpus and its multi-hop questions.",
+        factory=SearchSpec,
     )
 
 
@@ -267,14 +273,31 @@ class RolloutConfig:
     stall_timeout_s: float = documented(
         3600.0, "Stop the run when no batch is ready after this many seconds of waiting."
     )
-    max_turns: int = documented(4, "Tool-agent workflow: most model turns per episode.")
+    max_turns: int = documented(
+        4, "Tool-agent and agent workflows: most model turns (completion calls) per episode."
+    )
+    agent: str = documented(
+        "",
+        "Agent workflow (core.agents.workflow:OpenAIAgentWorkflow): the async function that plays "
+        "an episode with an OpenAI-shaped client, by import path (module:function).",
+    )
     tool_latency_s: float = documented(
-        0.0, "Tool-agent workflow: simulated latency per tool call (models remote tools/APIs)."
+        0.0,
+        "Tool-agent and agent workflows: simulated latency per tool call (models remote "
+        "tools/APIs); with tool_latency_p99_s, the median of a long-tailed (log-normal) latency.",
+    )
+    tool_latency_p99_s: float = documented(
+        0.0,
+        "Agent workflow tools that draw latencies (the search agent): the 99th percentile of a "
+        "log-normal latency whose median is tool_latency_s (sigma = ln(p99/median)/2.3263), "
+        "drawn per call, seeded per episode; 0 = no tail, every call takes tool_latency_s. "
+        "Must be >= tool_latency_s > 0 when set.",
     )
     tool_timeout_s: float = documented(
         5.0,
         "Wall-time limit of one sandboxed python call: the tool agent's python tool, and the "
-        "test run of a reward that runs code (core.rewards.code).",
+        "test run of a reward that runs code (core.rewards.code); also the per-call limit of the "
+        "search agent's tools, past which a call returns a timeout error.",
     )
     sandbox: str = documented(
         "strict",
@@ -292,6 +315,14 @@ class LearnerConfig:
     n_ranks: int = documented(1, "Data-parallel FSDP2 ranks (processes).")
     micro_batch_tokens: int = documented(
         8192, "Token budget of one micro-batch (gradient accumulation splits above it)."
+    )
+    pack_sequences: bool = documented(
+        False,
+        "Pack each micro-batch's sequences end to end (position ids restart per sequence, a "
+        "block-diagonal causal mask) instead of padding rows, in the policy's and reference's "
+        "passes (the critic stays padded): for varlen attention "
+        "(model.attn_implementation=flash_attention_2) on GPUs. Off on CPU, where SDPA gets a "
+        "dense block mask and measured no faster (experiments/benchmarks/learner_packing.py).",
     )
     total_steps: int = documented(40, "RL training steps (weight versions).")
 

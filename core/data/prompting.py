@@ -100,12 +100,7 @@ class Prompter:
         system prompt) replaces ``data.system_prompt``."""
         if self.prompt_format == "template":
             return self.user_text(question)
-        messages = [{"role": "user", "content": self.user_text(question)}]
-        if system or self.system_prompt:
-            messages.insert(0, {"role": "system", "content": system or self.system_prompt})
-        return str(
-            self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        )
+        return self._render(self.opening(question, system), None, generation_prompt=True)
 
     def prompt_ids(self, question: str, system: str | None = None) -> list[int]:
         """Model input for ``question``, special tokens exactly as the tokenizer defines them."""
@@ -114,6 +109,63 @@ class Prompter:
             return list(self.tokenizer(text)["input_ids"])
         # the chat template wrote the special tokens; tokenizing must not add more
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def opening(self, question: str, system: str | None = None) -> list[dict[str, Any]]:
+        """The chat messages an episode starts from: the system prompt (``system``, else
+        ``data.system_prompt``; none if both are empty) and the user's rendered question."""
+        messages = [{"role": "user", "content": self.user_text(question)}]
+        system = system or self.system_prompt
+        return [{"role": "system", "content": system}, *messages] if system else messages
+
+    def conversation_ids(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> tuple[list[int], list[int]]:
+        """``(ids, loss_mask)`` of a whole conversation, for SFT on solved agent episodes: 1 on
+        each assistant turn up to and including its end-of-turn token, 0 on everything else.
+
+        Segments are tokenized one by one, as the agent client builds a trajectory at rollout
+        time (context tokens appended after sampled ones), so SFT and RL see the same tokens.
+        Needs a chat template whose output for a conversation is a prefix of its output for the
+        conversation continued (ours and Qwen's are)."""
+        if self.prompt_format != "chat":
+            raise ValueError("SFT on conversations (sft_messages) needs data.prompt_format=chat")
+        eot = self.tokenizer.decode(self.stop_ids[:1]) if self.stop_ids else ""
+        ids: list[int] = []
+        mask: list[int] = []
+        done = ""  # the text already turned into ids
+
+        def add(text: str, trained: int) -> None:
+            piece = (
+                list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+            )
+            ids.extend(piece)
+            mask.extend([trained] * len(piece))
+
+        for k, message in enumerate(messages):
+            if message.get("role") != "assistant":
+                continue
+            before = self._render(messages[:k], tools, generation_prompt=True)
+            after = self._render(messages[: k + 1], tools, generation_prompt=False)
+            if not (before.startswith(done) and after.startswith(before)):
+                raise ValueError(
+                    "the chat template does not render a conversation as a prefix of its "
+                    "continuation: SFT on sft_messages needs one that does"
+                )
+            add(before[len(done) :], 0)
+            turn = after[len(before) :]
+            cut = turn.find(eot) + len(eot) if eot and eot in turn else len(turn)
+            add(turn[:cut], 1)  # the reply and its end-of-turn token
+            done = before + turn[:cut]
+        if not any(mask):
+            raise ValueError("sft_messages has no assistant turn to train on")
+        return ids, mask
+
+    def _render(
+        self, messages: list[dict[str, Any]], tools: Any, *, generation_prompt: bool
+    ) -> str:
+        return str(self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
+        ))  # fmt: skip
 
     def target_ids(self, answer: str) -> list[int]:
         """An SFT target: the answer, then the token a sampled answer stops at."""

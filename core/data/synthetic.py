@@ -80,6 +80,13 @@ class SyntheticSpec:
         "Write worked steps as agent tool calls, '<calc>7-2</calc><result>5</result>', for the "
         "tool-agent workflow (the environment fills in <result> at rollout time).",
     )
+    openai_tool_calls: bool = documented(
+        False,
+        "Give TRAINING rows a solved agent conversation for SFT (sft_messages, with tools): one "
+        "OpenAI-style calc tool call per worked step, its result as a tool turn, then the "
+        "worked answer; direct rows answer at once. For agents written against the OpenAI "
+        "client (core.agents.examples:calculator_agent, data.prompt_format=chat).",
+    )
 
     def __post_init__(self) -> None:
         self.operations = list(self.operations)
@@ -260,12 +267,42 @@ def _to_sample(
     else:
         phrasing = _PHRASINGS[int(style.split(":")[1])]
         answer = f"{phrasing(problem, spec)}\n#### {problem.answer}"
-    return {
+    sample = {
         "id": f"synthetic-{split}-{seed}-{i}",
         "question": problem.question,
         "answer": answer,
         "style": "direct" if style == "direct" else "worked",
     }
+    if spec.openai_tool_calls and split == "train":
+        sample["sft_messages"] = _solved_conversation(problem, answer, style == "direct")
+        sample["tools"] = [CALCULATOR_TOOL]
+    return sample
+
+
+# The calculator as an OpenAI tool (core.agents.examples:calculator_agent offers the same one).
+CALCULATOR_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "Evaluate an arithmetic expression, e.g. 3*(4+5).",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+
+
+def _solved_conversation(problem: _Problem, answer: str, direct: bool) -> list[dict]:
+    """The assistant and tool turns of a solved episode: a calc call per step, then ``answer``."""
+    messages: list[dict] = []
+    for k, step in enumerate([] if direct else problem.steps):
+        call = {"id": f"call_{k}", "type": "function",
+                "function": {"name": "calc", "arguments": {"expression": f"{step.a}{step.op}{step.b}"}}}  # fmt: skip
+        messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"call_{k}", "content": str(step.result)})
+    return [*messages, {"role": "assistant", "content": answer}]
 
 
 def _stream(spec: SyntheticSpec, seed: int) -> SampleStream:

@@ -8,6 +8,12 @@ their own and join, and the surviving rows keep their KV cache. Where splicing c
 possible (``splice=False``, or sliding-window/quantized cache layers) the next round re-prefills
 ``prompt + generated-so-far`` of every row instead -- simple and exact, but on CPU it costs as
 much as the decoding itself at high concurrency (see ``reprefilled_tokens`` and ``prefill_s``).
+
+Requests that arrive with the same tokens -- the ``G`` samples of one prompt in GRPO-style
+grouped sampling -- are prefilled once and their KV cache is copied to each member (one prefill
+per group, ``share_prefill``); ``shared_prefill_tokens`` counts the prompt tokens not computed
+again. The copies are exact: every member starts from the same logits and cache it would have
+computed on its own, and samples from there with its own noise.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ class RoundStats:
     rows: int = 0
     prefill_tokens: int = 0
     reprefilled_tokens: int = 0  # generated tokens prefilled again (the cost of re-batching)
+    shared_prefill_tokens: int = 0  # tokens a request got from an identical one's prefill
     prefill_s: float = 0.0
     decode_steps: int = 0
     decode_s: float = 0.0
@@ -98,6 +105,7 @@ class EngineStats:
     decode_steps: int = 0
     prefill_tokens: int = 0
     reprefilled_tokens: int = 0
+    shared_prefill_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     aborted: int = 0
@@ -109,6 +117,7 @@ class EngineStats:
         self.tokens_generated += r.tokens
         self.prefill_tokens += r.prefill_tokens
         self.reprefilled_tokens += r.reprefilled_tokens
+        self.shared_prefill_tokens += r.shared_prefill_tokens
         self.prefill_s += r.prefill_s
         self.decode_s += r.decode_s
 
@@ -142,12 +151,18 @@ class BatchDecoder:
     """Runs rounds on one model; owned by the engine's worker thread."""
 
     def __init__(
-        self, model: PreTrainedModel, pad_id: int, generator: torch.Generator, splice: bool = True
+        self,
+        model: PreTrainedModel,
+        pad_id: int,
+        generator: torch.Generator,
+        splice: bool = True,
+        share_prefill: bool = True,
     ) -> None:
         self.model = model
         self.pad_id = pad_id
         self.generator = generator
         self.splice = splice  # turned off for good if the cache layers cannot be spliced
+        self.share_prefill = share_prefill  # needs splicing too: a copied cache is a spliced one
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         # transformers 5.2x renamed ``past_key_values`` to ``cache``; the GPU image has an older 5.x.
@@ -174,19 +189,39 @@ class BatchDecoder:
     def _prefill(self, slots: list[Slot], stats: RoundStats) -> tuple[LiveBatch, torch.Tensor]:
         start = time.perf_counter()
         sequences = [s.request.input_ids + s.output for s in slots]
-        stats.prefill_tokens += sum(len(seq) for seq in sequences)
         # a slot with output was prefilled before: this is the cost of not splicing
         stats.reprefilled_tokens += sum(
             len(seq) for seq, s in zip(sequences, slots, strict=True) if s.output
         )
-        ids, mask, positions = left_pad(sequences, self.pad_id, self.device)
+        distinct: dict[tuple[int, ...], int] = {}
+        member_of = [distinct.setdefault(tuple(seq), len(distinct)) for seq in sequences]
+        shared = self.splice and self.share_prefill and len(distinct) < len(sequences)
+        if shared:
+            firsts = {index: row for row, index in reversed(list(enumerate(member_of)))}
+            computed = [sequences[firsts[i]] for i in range(len(distinct))]
+            leaders = [slots[firsts[i]] for i in range(len(distinct))]
+        else:
+            computed, leaders = sequences, slots
+        n_computed = sum(len(seq) for seq in computed)
+        stats.prefill_tokens += n_computed
+        ids, mask, positions = left_pad(computed, self.pad_id, self.device)
         cache = DynamicCache(config=self.model.config)
         logits = self._forward(ids, mask, positions, cache)
+        live = LiveBatch(leaders, cache, mask, positions[:, -1:])
         if self.splice and not splice_supported(cache):
             logger.info("cache layers cannot be spliced: re-prefilling between rounds")
             self.splice = False
+            if shared:  # the cache cannot be copied row by row either: prefill every row
+                stats.prefill_tokens -= n_computed
+                stats.prefill_s += time.perf_counter() - start
+                return self._prefill(slots, stats)
+        if shared:
+            live.select(member_of)  # each member gets its own copy of its group's cache
+            live.rows = list(slots)
+            logits = logits[torch.tensor(member_of, device=logits.device)]
+            stats.shared_prefill_tokens += sum(map(len, sequences)) - n_computed
         stats.prefill_s += time.perf_counter() - start
-        return LiveBatch(slots, cache, mask, positions[:, -1:]), logits
+        return live, logits
 
     def _step(self, live: LiveBatch, tokens: torch.Tensor, stats: RoundStats) -> torch.Tensor:
         start = time.perf_counter()

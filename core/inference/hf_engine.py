@@ -91,6 +91,7 @@ class HFEngine:
         seed: int = 0,
         version: int = 0,
         splice: bool = True,
+        share_prefill: bool = True,
         name: str = "hf-engine",
     ) -> None:
         if max_batch_size < 1 or chunk_tokens < 1:
@@ -102,7 +103,9 @@ class HFEngine:
         if pad_token_id is None:
             pad_token_id = getattr(tokenizer, "pad_token_id", None)
         generator = torch.Generator(device=self.device).manual_seed(seed)
-        self._decoder = BatchDecoder(model, pad_token_id or 0, generator, splice=splice)
+        self._decoder = BatchDecoder(
+            model, pad_token_id or 0, generator, splice=splice, share_prefill=share_prefill
+        )
         self.max_batch_size = max_batch_size
         self.chunk_tokens = chunk_tokens
         self.stats = EngineStats()
@@ -131,6 +134,7 @@ class HFEngine:
         torch_threads: int | None = None,
         attn_implementation: str = "sdpa",
         splice: bool = True,
+        share_prefill: bool = True,
         version: int = 0,
     ) -> HFEngine:
         """Load model (and tokenizer, for eos/pad ids, if the folder has one) from ``model_dir``.
@@ -155,7 +159,7 @@ class HFEngine:
         return cls(
             model, tokenizer, eos_token_ids=eos_ids, pad_token_id=model.config.pad_token_id,
             max_batch_size=max_batch_size, chunk_tokens=chunk_tokens, seed=seed, splice=splice,
-            version=version,
+            share_prefill=share_prefill, version=version,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ protocol

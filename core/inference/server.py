@@ -16,6 +16,8 @@ CPU box and to a real SGLang server on a GPU node. Endpoints and field shapes fo
   ``POST /continue_generation``.
 - ``POST /update_weights_from_disk`` ``{"model_path", "abort_all_requests", "weight_version"}``
   -> ``{"success", "message", "num_paused_requests"}``.
+- ``POST /v1/chat/completions``: the OpenAI chat API for agent code (see
+  :mod:`core.inference.chat_endpoint`; needs a tokenizer with a chat template).
 - ``GET /health``, ``GET /get_model_info``, ``GET /get_weight_version``,
   ``GET /get_server_info`` (engine statistics here).
 
@@ -57,6 +59,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from core.inference.api import GenerationRequest, GenerationResponse, SamplingParams, WeightSource
+from core.inference.chat_endpoint import chat_completion, parse_chat
 from core.inference.hf_engine import GenerationError, HFEngine
 from core.inference.server_guard import (
     API_KEY_ENV,
@@ -184,6 +187,14 @@ async def generate(request: web.Request) -> web.Response:
     return web.json_response(results if batch.batched else results[0])
 
 
+async def chat_completions(request: web.Request) -> web.Response:
+    """OpenAI ``POST /v1/chat/completions`` (see :mod:`core.inference.chat_endpoint`)."""
+    body = await _parse(request, parse_chat)
+    limits = request.app[SETTINGS_KEY].limits
+    model = request.app[STATE_KEY]["model_path"]
+    return web.json_response(await chat_completion(request.app[ENGINE_KEY], limits, body, model))
+
+
 # ---------------------------------------------------------------------- admin endpoints
 
 
@@ -295,6 +306,7 @@ def create_app(
         "update_lock": asyncio.Lock(),
     }
     app.router.add_post("/generate", generate)
+    app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/pause_generation", pause_generation)
     app.router.add_post("/continue_generation", continue_generation)
     app.router.add_post("/update_weights_from_disk", update_weights_from_disk)

@@ -20,6 +20,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from core.models.chat_template import add_chat_format
 from core.models.presets import MODEL_PRESETS, is_preset
 from core.models.tokenizer import save_tokenizer, train_tokenizer
 
@@ -76,11 +77,20 @@ def build_tiny_model(
 
 
 def create_pretrained(
-    preset: str, corpus: Iterable[str], directory: str | Path, *, vocab_size: int, seed: int
+    preset: str,
+    corpus: Iterable[str],
+    directory: str | Path,
+    *,
+    vocab_size: int,
+    seed: int,
+    chat: bool = False,
 ) -> Path:
-    """Train a tokenizer on ``corpus``, build the preset model and save both to ``directory``."""
+    """Train a tokenizer on ``corpus``, build the preset model and save both to ``directory``.
+    ``chat``: the tokenizer also gets our chat format (:mod:`core.models.chat_template`)."""
     directory = Path(directory)
     tokenizer = train_tokenizer(corpus, vocab_size=vocab_size)
+    if chat:
+        add_chat_format(tokenizer)
     model = build_tiny_model(preset, tokenizer, seed)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(directory))

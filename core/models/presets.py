@@ -18,7 +18,9 @@ class ModelPreset:
     num_attention_heads: int
     num_key_value_heads: int
     intermediate_size: int
-    max_position_embeddings: int = 512
+    # The context length: rotary positions have no parameters, so this changes no weights; 2048
+    # fits a solved multi-hop search episode (~1k tokens) with room to spare.
+    max_position_embeddings: int = 2048
     tie_word_embeddings: bool = True
 
 

@@ -49,6 +49,7 @@ class LearnerWorker:
         a, s = config.algorithm, config.sft
         common = dict(
             micro_batch_tokens=config.learner.micro_batch_tokens,
+            pack_sequences=config.learner.pack_sequences,
             dtype=config.model.dtype,
             attn_implementation=config.model.attn_implementation,
             seed=config.experiment.seed,

@@ -1,4 +1,5 @@
-"""Supervised warm start: the learner's masked NLL on prompt → solution (+ its stop token)."""
+"""Supervised warm start: the learner's masked NLL on prompt → solution (+ its stop token), or
+on the assistant turns of a solved agent conversation (rows with ``sft_messages``)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,24 @@ def sft_example(prompt_ids: list[int], target: list[int]) -> Trajectory:
     )
 
 
+def conversation_example(ids: list[int], mask: list[int]) -> Trajectory:
+    """A solved agent episode: loss on the assistant turns only (see Prompter.conversation_ids)."""
+    n = len(ids)
+    return Trajectory(ids, mask, [0.0] * n, [-1] * n, reward=0.0, prompt_len=mask.index(1))
+
+
+def _example(prompter: Prompter, row: dict) -> Trajectory:
+    """A row's SFT example: its solved conversation (``sft_messages`` after the opening, with
+    the row's ``tools``) when it has one, else prompt → target."""
+    if row.get("sft_messages"):
+        messages = prompter.opening(row["question"], row.get("system")) + row["sft_messages"]
+        return conversation_example(*prompter.conversation_ids(messages, row.get("tools")))
+    return sft_example(
+        prompter.prompt_ids(row["question"], row.get("system")),
+        prompter.target_ids(sft_target(row)),
+    )
+
+
 def sft_warm_start(
     config: Config,
     model_dir: str | Path,
@@ -45,13 +64,7 @@ def sft_warm_start(
     sft = config.sft
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_dir)
     prompter = Prompter.from_config(config, tokenizer)
-    examples = [
-        sft_example(
-            prompter.prompt_ids(row["question"], row.get("system")),
-            prompter.target_ids(sft_target(row)),
-        )
-        for row in train
-    ]
+    examples = [_example(prompter, row) for row in train]
     loader = ResumableDataLoader(
         examples, batch_size=sft.batch_size, shuffle=True, seed=config.experiment.seed
     )

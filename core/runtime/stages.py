@@ -21,6 +21,7 @@ from core.config.loading import lora_target_problem
 from core.data.code_synthetic import generate_code_splits
 from core.data.gsm8k import load_gsm8k
 from core.data.prompting import Prompter, sft_target
+from core.data.search_synthetic import generate_search_splits
 from core.data.synthetic import generate_splits
 from core.data.tabular import (
     ColumnError,
@@ -93,6 +94,10 @@ def prepare_data(config: Config) -> PreparedData:
     elif data.source == "code_synthetic":
         seed = config.experiment.seed
         train, test = generate_code_splits(data.code_synthetic, data.n_train, data.n_test, seed)
+    elif data.source == "search_synthetic":
+        seed = config.experiment.seed
+        spec = data.search_synthetic
+        train, test = generate_search_splits(spec, data.n_train, data.n_test, seed)
     elif data.source == "gsm8k":
         train = load_gsm8k(data.gsm8k_path, "train", strict=data.strict, limit=data.n_train or None)
         test = load_gsm8k(data.gsm8k_path, "test", strict=data.strict, limit=data.n_test or None)
@@ -160,8 +165,25 @@ def fit_prompts(config: Config, data: PreparedData, model_dir: str) -> PreparedD
 
 def training_texts(samples: list[dict], template: str) -> list[str]:
     """Prompt + solution, the text a from-scratch model's tokenizer is trained on (its chat
-    format does not exist yet: the ``template`` format's text)."""
-    return [f"{render_prompt(s['question'], template)}{sft_target(s)}" for s in samples]
+    format does not exist yet: the ``template`` format's text). A solved conversation
+    (``sft_messages``) contributes its turns' text and tool calls as JSON, as they will be
+    rendered."""
+    return [f"{render_prompt(s['question'], template)}{_solution_text(s)}" for s in samples]
+
+
+def _solution_text(sample: dict) -> str:
+    if not sample.get("sft_messages"):
+        return sft_target(sample)
+    parts = []
+    for message in sample["sft_messages"]:
+        parts.append(message.get("content") or "")
+        for call in message.get("tool_calls") or []:
+            function = call["function"]
+            arguments = function["arguments"]
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+            parts.append(json.dumps({"name": function["name"], "arguments": arguments}))
+    parts += [json.dumps(tool) for tool in sample.get("tools") or []]  # the system turn's list
+    return "\n".join(parts)
 
 
 def build_or_load_model(config: Config, data: PreparedData) -> str:
@@ -174,8 +196,9 @@ def build_or_load_model(config: Config, data: PreparedData) -> str:
     if is_preset(model.path):
         texts = training_texts(data.train, config.data.template)
         create_pretrained(
-            model.path, texts, target, vocab_size=model.vocab_size, seed=config.experiment.seed
-        )
+            model.path, texts, target, vocab_size=model.vocab_size, seed=config.experiment.seed,
+            chat=config.data.prompt_format == "chat",
+        )  # fmt: skip
     else:  # a hub id: fetch it once into the run folder so every process loads the same files
         load_model(model.path, dtype=model.dtype).save_pretrained(str(target))
         load_tokenizer(model.tokenizer_path or model.path).save_pretrained(str(target))

@@ -66,6 +66,7 @@ from core.training.lora import (
 )
 from core.training.losses import LossFn, SFTLoss
 from core.training.lr_schedule import warmup_cosine_schedule
+from core.training.packing import pack_rows, unpack
 from core.training.sharding import shard_model
 from core.training.stats import StatsAccumulator
 from core.training.value_model import ValueModel
@@ -92,6 +93,7 @@ class Learner:
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         micro_batch_tokens: int,
+        pack_sequences: bool = False,
         temperature: float = 1.0,
         dtype: str = "float32",
         attn_implementation: str = "sdpa",
@@ -111,6 +113,7 @@ class Learner:
         self.world_size = dist_info().world_size
         self.compute_dtype = torch_dtype(dtype)
         self.micro_batch_tokens = micro_batch_tokens
+        self.pack_sequences = pack_sequences
         self.temperature = effective_temperature(temperature)
         self.max_grad_norm = max_grad_norm
         self.with_value_head = with_value_head
@@ -176,10 +179,17 @@ class Learner:
 
     # --- forward passes ---------------------------------------------------------------------
     def _logits(self, model: nn.Module, micro: TrainBatch) -> Tensor:
+        """``[N, T, V]`` logits of the micro-batch, in its padded layout (packed or not)."""
         with self._autocast():
-            return model(
-                input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False
-            ).logits
+            if not self.pack_sequences:
+                return model(
+                    input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False
+                ).logits
+            packed = pack_rows(micro.input_ids, micro.attention_mask)
+            out = model(
+                input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False
+            )
+            return unpack(out.logits, packed)
 
     def _logprobs(self, model: nn.Module, micro: TrainBatch) -> Tensor:
         logits = self._logits(model, micro)

@@ -3,11 +3,16 @@
 At each concurrency ``c``, ``c`` clients each submit requests in a loop (a new one as soon as the
 previous returns) for ``--duration-s`` seconds; we report generated tokens/s, requests/s, the
 engine's batching (requests per round, live rows per decode step) and how much model time went
-to (re-)prefill. Two engine modes are compared: ``splice`` keeps the KV cache of running rows
-when requests join or leave, ``reprefill`` re-prefills them every round. For context,
-``HF generate`` on one static batch of ``c`` prompts is measured too.
+to (re-)prefill. Engine modes: ``splice`` keeps the KV cache of running rows when requests join
+or leave, ``reprefill`` re-prefills them every round, ``noshare`` splices but prefills every
+request of a group itself (no shared prefill). With ``--group-size G`` the clients submit groups
+of ``G`` requests for one prompt at once, as GRPO's rollouts do (``c`` then counts requests:
+``c / G`` clients). For context, ``HF generate`` on one static batch of ``c`` prompts is
+measured too.
 
     python experiments/benchmarks/engine_throughput.py --concurrency 1,8,32,128 --out runs/bench
+    python experiments/benchmarks/engine_throughput.py --group-size 8 --modes splice,noshare \
+        --concurrency 8,32,128 --no-hf-baseline
 
 Without ``--model`` a tiny (~1M parameter) Qwen2 is built on the fly. Writes
 ``engine_throughput.json`` and ``engine_throughput.png`` to ``--out``.
@@ -39,7 +44,8 @@ CORPUS = [
     for b in range(20)
 ]
 COUNTERS = ("requests_served", "tokens_generated", "batches", "rows", "decode_steps")
-COUNTERS += ("prefill_tokens", "reprefilled_tokens", "prefill_s", "decode_s")
+COUNTERS += ("prefill_tokens", "reprefilled_tokens", "shared_prefill_tokens", "prefill_s")
+COUNTERS += ("decode_s",)
 
 
 def parse_args() -> argparse.Namespace:
@@ -60,8 +66,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--modes",
         default="splice,reprefill",
-        help="engine modes: 'splice' (KV cache kept across rounds) and/or 'reprefill'",
+        help="engine modes: 'splice' (KV cache kept across rounds, groups prefilled once), "
+        "'reprefill' and/or 'noshare' (splice, but each request of a group prefilled itself)",
     )
+    p.add_argument("--group-size", type=int, default=1, help="requests per prompt, sent together")
     p.add_argument("--no-hf-baseline", action="store_true", help="skip the HF generate baseline")
     p.add_argument("--out", default="runs/benchmarks/engine_throughput")
     return p.parse_args()
@@ -81,25 +89,30 @@ async def run_level(
     concurrency: int,
     sampling: SamplingParams,
     duration_s: float,
+    group_size: int = 1,
 ) -> dict[str, Any]:
-    """``concurrency`` closed-loop clients for ``duration_s``; returns throughput and latencies."""
+    """``concurrency`` requests in flight for ``duration_s`` (closed-loop clients, each sending
+    ``group_size`` requests of one prompt at once); returns throughput and latencies."""
     latencies: list[float] = []
     tokens = 0
     deadline = time.perf_counter() + duration_s
+    n_clients = max(concurrency // group_size, 1)
 
     async def client(index: int) -> None:
         nonlocal tokens
         i = index
         while time.perf_counter() < deadline:
             start = time.perf_counter()
-            resp = await engine.agenerate(GenerationRequest(prompts[i % len(prompts)], sampling))
-            latencies.append(time.perf_counter() - start)
-            tokens += len(resp.output_ids)
-            i += concurrency
+            request = GenerationRequest(prompts[i % len(prompts)], sampling)
+            group = [engine.agenerate(request) for _ in range(group_size)]
+            for resp in await asyncio.gather(*group):
+                latencies.append(time.perf_counter() - start)
+                tokens += len(resp.output_ids)
+            i += n_clients
 
     before = {k: getattr(engine.stats, k) for k in COUNTERS}
     start = time.perf_counter()
-    await asyncio.gather(*(client(i) for i in range(concurrency)))
+    await asyncio.gather(*(client(i) for i in range(n_clients)))
     elapsed = time.perf_counter() - start
     d = {k: getattr(engine.stats, k) - before[k] for k in COUNTERS}
     model_s = d["prefill_s"] + d["decode_s"]
@@ -116,6 +129,9 @@ async def run_level(
         "rounds": d["batches"],
         "prefill_share": d["prefill_s"] / model_s if model_s else 0.0,
         "reprefilled_token_share": d["reprefilled_tokens"] / max(d["prefill_tokens"], 1),
+        # of the prompt tokens the requests needed, the share taken from a group member's prefill
+        "shared_prefill_share": d["shared_prefill_tokens"]
+        / max(d["prefill_tokens"] + d["shared_prefill_tokens"], 1),
     }
 
 
@@ -158,6 +174,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         ("rows/step", "mean_rows_per_step", "{:.1f}"),
         ("prefill share", "prefill_share", "{:.0%}"),
         ("re-prefilled", "reprefilled_token_share", "{:.0%}"),
+        ("prefill shared", "shared_prefill_share", "{:.0%}"),
     ]
     for name, *_ in columns:
         table.add_column(name, justify="right")
@@ -175,6 +192,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     labels = {
         "splice": "HFEngine, KV cache spliced",
         "reprefill": "HFEngine, re-prefill per round",
+        "noshare": "HFEngine, spliced, no shared prefill",
         "hf-generate": "HF generate, one static batch",
     }
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -218,14 +236,17 @@ def main() -> None:
             max_batch_size=args.max_batch_size,
             chunk_tokens=args.chunk_tokens,
             seed=0,
-            splice=mode == "splice",
+            splice=mode != "reprefill",
+            share_prefill=mode == "splice",
         )
         try:
-            asyncio.run(run_level(engine, prompts, max(levels), sampling, 1.0))  # warm-up
+            warm_up = run_level(engine, prompts, max(levels), sampling, 1.0, args.group_size)
+            asyncio.run(warm_up)
             for c in levels:
-                row = asyncio.run(run_level(engine, prompts, c, sampling, args.duration_s))
+                level = run_level(engine, prompts, c, sampling, args.duration_s, args.group_size)
+                row = asyncio.run(level)
                 logger.info("%s, concurrency %d: %.0f tokens/s", mode, c, row["tokens_per_s"])
-                rows.append({"mode": mode, **row})
+                rows.append({"mode": mode, "group_size": args.group_size, **row})
         finally:
             engine.close()
     device = engine.device

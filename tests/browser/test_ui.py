@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -145,22 +146,55 @@ def _watch_flow_run(chrome: Any, served: subprocess.Popen, timeout_s: float) -> 
         chrome.refresh()
 
 
-def _open_deployment_run(chrome: Any, stack: StackInfo, deployment: str, how: str) -> str:
+def _open_deployment_run(chrome: Any, stack: StackInfo, deployment: str, how: str) -> None:
     """From the Deployments page: the deployment, then Run → ``how`` (Quick run/Custom run)."""
     chrome.get(f"{stack.urls()['Prefect UI']}/deployments")
     click_text(chrome, deployment)
     click_text(chrome, "Run", "button")
     click_text(chrome, how)
-    return chrome.current_url
 
 
-def _follow_new_run(chrome: Any) -> str:
-    """After a submit the UI toasts "… scheduled to start now · View run": follow that link (not
-    another run's, such as the nightly deployment's next scheduled one)."""
-    click_text(chrome, "View run")
-    url = wait_for("the new flow run's page",
-                   lambda: "/runs/flow-run/" in chrome.current_url and chrome.current_url)  # fmt: skip
-    return str(url).split("?")[0].rsplit("/", 1)[-1]
+def _deployment_runs(stack: StackInfo, deployment: str) -> dict[str, dict[str, Any]]:
+    """The deployment's flow runs by id, from the Prefect API."""
+    [found] = [d for d in _api(stack, "POST", "/deployments/filter", json={})
+               if d["name"] == deployment]  # fmt: skip
+    body = {"deployments": {"id": {"any_": [found["id"]]}}}
+    return {r["id"]: r for r in _api(stack, "POST", "/flow_runs/filter", json=body)}
+
+
+def _follow_new_run(
+    chrome: Any, stack: StackInfo, deployment: str, before: set[str], resubmit: bool = False
+) -> str:
+    """Open the flow run the UI just created for ``deployment`` (one not in ``before``, due now:
+    not the nightly schedule's next run) and return its id. The UI toasts a "View run" link, but
+    a toast can come and go between two polls on a busy box, so the run is found through the API.
+    With ``resubmit``, a form still showing after 45 s with no new run (the UI's create request
+    failed; it shows an error and stays) is submitted once more."""
+
+    def created() -> str | None:
+        soon = time.time() + 60
+        for run_id, run in _deployment_runs(stack, deployment).items():
+            start = run.get("expected_start_time") or run["created"]
+            if run_id not in before and _epoch(start) < soon:
+                return run_id
+        return None
+
+    try:
+        run_id = wait_for("the new flow run", created, timeout_s=45, interval_s=1)
+    except AssertionError as err:
+        if not (resubmit and by_text(chrome, "Submit", "button")):
+            page = page_text(chrome)[:800]
+            raise AssertionError(f"no new run of {deployment}; the page: {page}") from err
+        _shot(chrome, "submit-retried.png")
+        click_text(chrome, "Submit", "button")
+        run_id = wait_for("the new flow run (form submitted again)", created, timeout_s=60,
+                          interval_s=1)  # fmt: skip
+    chrome.get(f"{stack.urls()['Prefect UI']}/runs/flow-run/{run_id}")
+    return str(run_id)
+
+
+def _epoch(timestamp: str) -> float:
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 def test_prefect_ui_runs_the_experiment_from_its_form(
@@ -174,6 +208,7 @@ def test_prefect_ui_runs_the_experiment_from_its_form(
     assert "nightly-ablation" in page_text(chrome) and "experiment" in page_text(chrome)
     _shot(chrome, "01-prefect-deployments.png")
 
+    before = set(_deployment_runs(stack, "experiment"))
     _open_deployment_run(chrome, stack, "experiment", "Custom run")
     # The user sets η = 1 in its typed field and adds an override for the trial's name.
     staleness = ("//span[contains(@class, 'schema-form-property__label') and "
@@ -193,7 +228,7 @@ def test_prefect_ui_runs_the_experiment_from_its_form(
     chrome.execute_script("arguments[0].scrollIntoView()", chrome.find_element(By.XPATH, staleness))
     _shot(chrome, "02-prefect-run-form.png")
     click_text(chrome, "Submit", "button")
-    run_id = _follow_new_run(chrome)
+    run_id = _follow_new_run(chrome, stack, "experiment", before, resubmit=True)
 
     assert _watch_flow_run(chrome, served, timeout_s=420) == "Completed"
     # The project's progress lines are in the run's Logs tab, beside Prefect's own.
@@ -220,8 +255,9 @@ def test_mlflow_ui_compares_an_ablation(
     chrome: Any, stack: StackInfo, served: subprocess.Popen
 ) -> None:
     # The nightly ablation, started now from its deployment page: GRPO, PPO and DAPO.
+    before = set(_deployment_runs(stack, "nightly-ablation"))
     _open_deployment_run(chrome, stack, "nightly-ablation", "Quick run")
-    _follow_new_run(chrome)
+    _follow_new_run(chrome, stack, "nightly-ablation", before)
     assert _watch_flow_run(chrome, served, timeout_s=600) == "Completed"
 
     chrome.get(stack.urls()["MLflow UI"])

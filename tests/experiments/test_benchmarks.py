@@ -167,3 +167,21 @@ def test_server_soak_smoke(tmp_path: Path) -> None:
     saved = json.loads((tmp_path / "server_soak.json").read_text())
     assert saved["summary"]["totals"] == totals
     assert (tmp_path / "server_soak.png").stat().st_size > 0
+
+
+@pytest.mark.integration
+def test_learner_packing_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny run: both layouts timed on the same rows; packing into wider rows computes fewer
+    positions (less padding), and the table, JSON and plot are written."""
+    from experiments.benchmarks import learner_packing
+
+    monkeypatch.setattr("sys.argv", ["learner_packing", "--presets", "tiny", "--rows", "16",
+                                     "--repeats", "1", "--widths", "1,2", "--torch-threads", "1",
+                                     "--out", str(tmp_path)])  # fmt: skip
+    learner_packing.main()
+    rows = json.loads((tmp_path / "learner_packing.json").read_text())["results"]
+    by_layout = {r["layout"]: r for r in rows}
+    assert set(by_layout) == {"padded", "packed 1x", "packed 2x"}
+    assert by_layout["packed 2x"]["positions"] < by_layout["padded"]["positions"]
+    assert all(r["tokens_per_s"] > 0 and 0 <= r["padding_share"] < 1 for r in rows)
+    assert (tmp_path / "learner_packing.png").stat().st_size > 0

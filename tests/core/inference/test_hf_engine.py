@@ -289,9 +289,9 @@ def seeded_alone(model_dir, prompts) -> list:
         return [run(eng.agenerate(GenerationRequest(prompts[i], s))) for i, s in enumerate(SEEDED)]
 
 
-def assert_same_samples(got, expected) -> None:
+def assert_same_samples(got, expected, n: int = 100) -> None:
     for g, e in zip(got, expected, strict=True):
-        assert g.output_ids == e.output_ids and len(g.output_ids) == 100
+        assert g.output_ids == e.output_ids and len(g.output_ids) == n
         torch.testing.assert_close(
             torch.tensor(g.logprobs), torch.tensor(e.logprobs), atol=1e-5, rtol=0
         )
@@ -381,3 +381,39 @@ def test_different_seeds_differ_and_unseeded_requests_vary(no_eos_engine, prompt
     assert one.output_ids != two.output_ids
     assert free_a.output_ids != free_b.output_ids  # one generator, two different draws
     assert all(len(r.output_ids) == 24 for r in (one, two, free_a, free_b))
+
+
+def test_a_group_shares_one_prefill_and_samples_as_if_alone(model_dir, ref_model, prompts) -> None:
+    """Four samples of one prompt (GRPO's group) arrive together with two other requests: the
+    group is prefilled once and each member copies its cache, yet every response is the one an
+    engine without sharing gives (same seeded tokens, same log-probs, teacher-forced exact)."""
+    group = [GenerationRequest(prompts[5], SamplingParams(max_new_tokens=40, seed=s))
+             for s in range(4)]  # fmt: skip
+    others = [GenerationRequest(prompts[6], SamplingParams(max_new_tokens=40, seed=9)),
+              greedy(prompts[7], 40)]  # fmt: skip
+
+    def generate(share: bool) -> tuple[list, HFEngine]:
+        engine = HFEngine(load_model(model_dir), None, share_prefill=share)
+
+        async def main():
+            await engine.pause("abort")  # queue all six, then start them in one round
+            tasks = [asyncio.ensure_future(engine.agenerate(r)) for r in group + others]
+            while engine.num_waiting < len(tasks):
+                await asyncio.sleep(0.01)
+            await engine.resume()
+            return await asyncio.gather(*tasks)
+
+        with engine:
+            return run(main()), engine
+
+    shared, engine = generate(share=True)
+    alone, reference = generate(share=False)
+    assert engine.stats.shared_prefill_tokens == 3 * len(prompts[5])
+    assert reference.stats.shared_prefill_tokens == 0
+    assert reference.stats.prefill_tokens - engine.stats.prefill_tokens == 3 * len(prompts[5])
+    assert_same_samples(shared, alone, n=40)
+    assert len({tuple(r.output_ids) for r in shared[:4]}) == 4  # the members sample apart
+    for request, resp in zip(group + others, shared, strict=True):
+        expected = teacher_logprobs(ref_model, request.input_ids, resp.output_ids,
+                                    request.sampling.temperature)  # fmt: skip
+        torch.testing.assert_close(torch.tensor(resp.logprobs), expected, atol=1e-4, rtol=0)

@@ -344,7 +344,7 @@ def test_max_new_tokens_cap_and_context_limit(server, servers, model_dir, http) 
         "max_new_tokens": CAP}}).status_code == 200  # fmt: skip
     plain = servers.start(model_dir=model_dir)
     context = plain.engine.context_length
-    assert context == 512 and http.get(plain.url + "/get_server_info").json()["context_length"]
+    assert context == 2048 and http.get(plain.url + "/get_server_info").json()["context_length"]
     prompt = [7] * (context - 3)
     for budget, status in ((3, 200), (4, 400)):
         body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": budget}}

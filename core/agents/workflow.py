@@ -1,0 +1,124 @@
+"""Agent code as a rollout workflow: ``rollout.workflow=core.agents.workflow:OpenAIAgentWorkflow``.
+
+``rollout.agent`` names an async function (``"package.module:function"``) that plays one episode::
+
+    async def my_agent(episode: AgentEpisode) -> float | str | None:
+        messages = episode.messages          # system (data.system_prompt) + the user's question
+        reply = await episode.client.chat.completions.create(messages=messages, tools=TOOLS)
+        ...
+        return reply.choices[0].message.content   # a final answer: rollout.reward_fn scores it
+
+``episode.client`` has the OpenAI SDK's ``chat.completions.create`` shape
+(:class:`~core.agents.openai_client.AgentChatClient`), backed by the run's engine; the whole
+conversation becomes one trajectory, model tokens trained. The agent returns its final answer
+(a string, scored against ``sample["answer"]`` by ``rollout.reward_fn``), a reward (a number),
+or None to reject the episode. An agent in another process uses the server's
+``/v1/chat/completions`` instead (:mod:`core.inference.chat_endpoint`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from core.agents.latency import LatencySpec
+from core.agents.openai_client import AgentChatClient
+from core.data.prompting import Prompter
+from core.inference.api import InferenceEngine, SamplingParams
+from core.plugins import load_object
+from core.rewards.verifier_pool import Scorer, scorer_from_config
+from core.rollout.api import Trajectory
+
+
+@dataclass
+class AgentEpisode:
+    """What agent code gets for one episode."""
+
+    client: AgentChatClient  # client.chat.completions.create(messages=..., tools=...)
+    sample: dict[str, Any]  # the dataset row: "question", "answer", maybe "system", "seed"
+    messages: list[dict[str, Any]]  # the opening conversation, rendered as the run's prompts are
+    max_turns: int  # rollout.max_turns: the most completion calls the agent should make
+    # rollout.tool_latency_s/_p99_s/tool_timeout_s: its tools' latency draws and per-call limit
+    # (run them through core.agents.latency.ToolClock)
+    tool_latency: LatencySpec = field(default_factory=LatencySpec)
+    info: dict[str, Any] = field(default_factory=dict)  # the agent's notes -> trajectory metadata
+
+
+AgentFn = Callable[[AgentEpisode], Awaitable[float | str | None]]
+
+
+def load_agent(path: str) -> AgentFn:
+    """The agent function named by ``rollout.agent``, checked to be a coroutine function."""
+    if not path:
+        raise ValueError("needs an agent, e.g. rollout.agent=core.agents.examples:calculator_agent")
+    agent = load_object(path, "agent")
+    if not inspect.iscoroutinefunction(agent):
+        raise ValueError(f"agent {path!r} must be an async function taking an AgentEpisode")
+    return agent
+
+
+class OpenAIAgentWorkflow:
+    """Runs ``rollout.agent`` once per episode with an OpenAI-shaped client (see module doc)."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        agent: AgentFn,
+        sampling: SamplingParams,
+        *,
+        score: Scorer,
+        prompter: Prompter,
+        max_turns: int = 4,
+        tool_latency: LatencySpec | None = None,
+    ) -> None:
+        if prompter.prompt_format != "chat":
+            raise ValueError("the agent workflow speaks chat: set data.prompt_format=chat")
+        self.tokenizer = tokenizer
+        self.agent = agent
+        self.sampling = sampling
+        self.score = score
+        self.prompter = prompter
+        self.max_turns = max_turns
+        self.tool_latency = tool_latency or LatencySpec()
+
+    @classmethod
+    def from_config(cls, config: Any, tokenizer: PreTrainedTokenizerBase) -> OpenAIAgentWorkflow:
+        r = config.rollout
+        return cls(
+            tokenizer,
+            load_agent(r.agent),
+            SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k),
+            score=scorer_from_config(config),
+            prompter=Prompter.from_config(config, tokenizer),
+            max_turns=r.max_turns,
+            tool_latency=LatencySpec(r.tool_latency_s, r.tool_latency_p99_s, r.tool_timeout_s),
+        )
+
+    def close(self) -> None:
+        self.score.close()
+
+    def opening(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
+        """System prompt (the sample's own, else data.system_prompt) and the user's question."""
+        return self.prompter.opening(sample["question"], sample.get("system"))
+
+    async def run_episode(
+        self, engine: InferenceEngine, sample: dict[str, Any]
+    ) -> Trajectory | None:
+        started = time.monotonic()
+        client = AgentChatClient(engine, self.tokenizer, self.sampling, seed=sample.get("seed"))
+        episode = AgentEpisode(client, sample, self.opening(sample), self.max_turns,
+                               self.tool_latency)  # fmt: skip
+        result = await self.agent(episode)
+        if result is None:
+            return None
+        if isinstance(result, str):
+            reward = await self.score(result, sample["answer"])
+            episode.info.setdefault("completion", result)
+        else:
+            reward = float(result)
+        return client.trajectory(reward, episode_seconds=time.monotonic() - started, **episode.info)

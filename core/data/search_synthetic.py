@@ -1,0 +1,201 @@
+"""Multi-hop questions over a generated corpus, for a search agent (``search_synthetic``).
+
+Each question names one entity of the corpus (:mod:`core.agents.search_env`) and follows 1-3
+relations from it before asking an attribute, so answering takes 2-4 document lookups::
+
+    "What is the founding year of the company founded by the mayor of Kasen?"
+    Kasen's document -> its mayor -> the mayor's document -> their company -> its document
+
+A sample is::
+
+    {"id", "question", "answer": the exact answer ("1967", a country's name),
+     "hops": documents to read, "doc_ids": those documents in order,
+     "corpus_seed", "corpus_size": which corpus the agent searches}
+
+TRAINING samples also carry a solved episode for SFT (:func:`solved_episode`): ``sft_messages``
+(per hop a ``search`` call by the entity's name and an ``open`` of its document, each followed
+by the tool's real output, then ``Answer: <answer>``, the form ``exact_match`` scores) and
+``tools`` (the agent's own :data:`~core.agents.search_env.TOOLS`), so SFT prompts and tool
+results are token for token what the agent sees at rollout time.
+
+The corpus comes from the experiment seed and ``corpus_size``; train and test questions are
+drawn from separate streams over the same corpus, test questions never repeating train ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from core.agents.search_env import (
+    MAX_SIZE,
+    MIN_SIZE,
+    TOOLS,
+    Corpus,
+    Entity,
+    build_corpus,
+    run_tool,
+    search_index,
+)
+from core.data.splits import SampleStream, first_samples, fresh_splits
+from core.schema import documented
+
+SPLITS: tuple[str, ...] = ("train", "test")
+
+# relation -> (subject kind, object kind, noun phrase for the object given the subject's phrase)
+RELATIONS: dict[str, tuple[str, str, str]] = {
+    "mayor": ("city", "person", "the mayor of {x}"),
+    "mayor_of": ("person", "city", "the city whose mayor is {x}"),
+    "birthplace": ("person", "city", "the city where {x} was born"),
+    "founded": ("person", "company", "the company founded by {x}"),
+    "founder": ("company", "person", "the founder of {x}"),
+    "headquarters": ("company", "city", "the city where {x} is headquartered"),
+}
+# kind -> (attribute, question given the entity's phrase)
+ATTRIBUTES: dict[str, tuple[tuple[str, str], ...]] = {
+    "person": (("birth_year", "What is the birth year of {x}?"),),
+    "city": (
+        ("founded_year", "What is the founding year of {x}?"),
+        ("country", "In which country is {x}?"),
+    ),
+    "company": (("founded_year", "What is the founding year of {x}?"),),
+}
+
+
+@dataclass
+class SearchSpec:
+    """Knobs of the search question generator."""
+
+    corpus_size: int = documented(
+        200,
+        f"Documents in the generated corpus ({MIN_SIZE}-{MAX_SIZE}): people, cities, companies.",
+    )
+    min_hops: int = documented(2, "Fewest documents a question needs read (2-4).")
+    max_hops: int = documented(4, "Most documents a question needs read (2-4, >= min_hops).")
+
+    def __post_init__(self) -> None:
+        if not MIN_SIZE <= self.corpus_size <= MAX_SIZE:
+            raise ValueError(
+                f"corpus_size must be in [{MIN_SIZE}, {MAX_SIZE}], got {self.corpus_size}"
+            )
+        if not 2 <= self.min_hops <= self.max_hops <= 4:
+            raise ValueError(
+                f"need 2 <= min_hops <= max_hops <= 4, got {self.min_hops}, {self.max_hops}"
+            )
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    answer: str
+    path: tuple[Entity, ...]  # the entities whose documents answer it, in order
+    start: str  # the entity the question names
+
+
+def _walk(rng: random.Random, corpus: Corpus, n_relations: int) -> list[tuple[str, Entity]]:
+    """A chain of ``n_relations`` relations from a random entity, never visiting one twice."""
+    entities = list(corpus.entities.values())
+    while True:
+        current = rng.choice(entities)
+        steps: list[tuple[str, Entity]] = [("", current)]
+        while len(steps) <= n_relations:
+            seen = {entity.name for _, entity in steps}
+            options = sorted(r for r, name in current.relations.items() if name not in seen)
+            if not options:
+                break
+            relation = rng.choice(options)
+            current = corpus.entities[current.relations[relation]]
+            steps.append((relation, current))
+        if len(steps) == n_relations + 1:
+            return steps
+
+
+def sample_question(rng: random.Random, corpus: Corpus, hops: int) -> Question:
+    """One question that takes ``hops`` documents to answer."""
+    steps = _walk(rng, corpus, hops - 1)
+    phrase = steps[0][1].name
+    for relation, _ in steps[1:]:
+        phrase = RELATIONS[relation][2].format(x=phrase)
+    last = steps[-1][1]
+    attribute, template = rng.choice(ATTRIBUTES[last.kind])
+    text = template.format(x=phrase)
+    return Question(text, last.attributes[attribute], tuple(e for _, e in steps), steps[0][1].name)
+
+
+def _call(k: int, name: str, arguments: dict[str, str]) -> dict:
+    return {"id": f"call_{k}", "type": "function",
+            "function": {"name": name, "arguments": arguments}}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=65_536)
+def _tool_result(seed: int, size: int, name: str, arguments: str) -> str:
+    # The tools are pure functions of the corpus; a question set asks each name many times.
+    return run_tool(search_index(seed, size), name, arguments)
+
+
+def solved_episode(question: Question, corpus: Corpus) -> list[dict]:
+    """The assistant and tool turns of a solved episode: for each document on the question's
+    path, ``search`` its entity's name and ``open`` its document, the tool turns being what
+    :func:`~core.agents.search_env.run_tool` returns; then ``Answer: <answer>``."""
+    messages: list[dict] = []
+    for entity in question.path:
+        for name, arguments in (("search", {"query": entity.name}),
+                                ("open", {"doc_id": entity.doc_id})):  # fmt: skip
+            call = _call(len(messages) // 2, name, arguments)
+            result = _tool_result(corpus.seed, corpus.size, name, json.dumps(arguments))
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+        # names are unique words, so BM25 ranks the entity's own document first
+        assert messages[-3]["content"].startswith(f"[{entity.doc_id}] "), entity.name
+    return [*messages, {"role": "assistant", "content": f"Answer: {question.answer}"}]
+
+
+def _to_sample(sample_id: str, question: Question, corpus: Corpus, split: str) -> dict:
+    sample = {
+        "id": sample_id,
+        "question": question.text,
+        "answer": question.answer,
+        "hops": len(question.path),
+        "doc_ids": [e.doc_id for e in question.path],
+        "corpus_seed": corpus.seed,
+        "corpus_size": corpus.size,
+    }
+    if split == "train":
+        sample["sft_messages"] = solved_episode(question, corpus)
+        sample["tools"] = copy.deepcopy(TOOLS)
+    return sample
+
+
+def _stream(spec: SearchSpec, seed: int) -> SampleStream:
+    corpus = build_corpus(seed, spec.corpus_size)
+
+    def samples(split: str) -> Iterator[tuple[int, dict]]:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+        rng = random.Random(f"search-{seed}-{split}-questions")
+        i = 0
+        while True:
+            question = sample_question(rng, corpus, rng.randint(spec.min_hops, spec.max_hops))
+            yield i, _to_sample(f"search-{split}-{seed}-{i}", question, corpus, split)
+            i += 1
+
+    return samples
+
+
+def generate_search_questions(
+    n: int, spec: SearchSpec, seed: int, split: str = "train"
+) -> list[dict]:
+    """The first ``n`` samples of ``split`` (see the module docstring); deterministic per seed."""
+    return first_samples(_stream(spec, seed), n, split)
+
+
+def generate_search_splits(
+    spec: SearchSpec, n_train: int, n_test: int, seed: int
+) -> tuple[list[dict], list[dict]]:
+    """Train and test sets with no test question in train (nor twice in test)."""
+    widen = "raise data.search_synthetic.corpus_size or lower data.n_train"
+    return fresh_splits(_stream(spec, seed), n_train, n_test, widen)

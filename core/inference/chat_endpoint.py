@@ -1,0 +1,92 @@
+"""``POST /v1/chat/completions``: the OpenAI chat API on our engine, for agents in other processes.
+
+Agent code in another process or framework points the real ``openai`` package at the server
+(``OpenAI(base_url="http://host:port/v1", api_key=...)``) and gets what the in-process client
+(:mod:`core.agents.openai_client`) returns: the messages rendered with the model's chat template
+(tools included), the reply split into content and ``tool_calls`` (Hermes/Qwen
+``<tool_call>`` JSON; malformed calls listed in ``message.tool_call_errors``), ``usage``, and on
+the choice our extension for training, ``token_ids``, ``token_logprobs`` and ``token_versions``.
+
+Supported: ``messages``, ``tools``, ``max_tokens``/``max_completion_tokens``, ``temperature``,
+``top_p``, ``stop``, ``seed``. Refused with a 400 naming the field: ``stream=true``, ``n`` other
+than 1, anything else unknown to the OpenAI API. Generation ends at the template's end-of-turn
+token. Needs a server whose model folder has a tokenizer with a chat template.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.agents.chat import (
+    assistant_message,
+    completion_body,
+    finish_reason,
+    normalize_messages,
+    render,
+)
+from core.agents.tool_calls import parse_tool_calls
+from core.data.prompting import end_of_turn_ids
+from core.inference.api import GenerationRequest
+from core.inference.hf_engine import HFEngine
+from core.inference.validation import RequestError, RequestLimits, parse_sampling
+
+# OpenAI chat-completion fields we accept; those we do not act on are harmless hints.
+_USED = {"messages", "tools", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+         "stop", "seed", "stream", "n"}  # fmt: skip
+_IGNORED = {"model", "tool_choice", "parallel_tool_calls", "user", "metadata", "store",
+            "logprobs", "top_logprobs", "stream_options", "service_tier"}  # fmt: skip
+_OUR_NAMES = {"max_new_tokens": "max_tokens", "sampling_seed": "seed"}
+
+
+def parse_chat(body: Any) -> dict[str, Any]:
+    """The body as a dict with only known fields, streaming and ``n`` refused."""
+    if not isinstance(body, dict):
+        raise RequestError("body", "must be a JSON object")
+    unknown = sorted(set(body) - _USED - _IGNORED)
+    if unknown:
+        raise RequestError(unknown[0], "is not a chat-completions field this server supports")
+    if body.get("stream"):
+        raise RequestError("stream", "streaming is not supported: send stream=false")
+    if body.get("n", 1) != 1:
+        raise RequestError("n", "only n=1 is supported")
+    tools = body.get("tools")
+    if tools is not None and not (
+        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+    ):
+        raise RequestError("tools", "must be a list of tool objects")
+    try:
+        body = {**body, "messages": normalize_messages(body.get("messages"))}
+    except ValueError as err:
+        raise RequestError("messages", str(err)) from None
+    return body
+
+
+async def chat_completion(
+    engine: HFEngine, limits: RequestLimits, body: dict[str, Any], model: str
+) -> dict[str, Any]:
+    """Answer a :func:`parse_chat`-checked body with an OpenAI ``chat.completion`` body."""
+    tokenizer = engine.tokenizer
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise RequestError("model", "this server's model has no tokenizer with a chat template")
+    text = render(tokenizer, body["messages"], body.get("tools"))
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    raw = {"max_new_tokens": body.get("max_completion_tokens") or body.get("max_tokens"),
+           "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
+           "stop": body.get("stop"), "sampling_seed": body.get("seed"),
+           "stop_token_ids": end_of_turn_ids(tokenizer)}  # fmt: skip
+    try:
+        sampling = parse_sampling(raw, len(ids), limits, "body")
+    except RequestError as err:
+        name = err.field.removeprefix("body.")
+        raise RequestError(_OUR_NAMES.get(name, name), str(err).split(": ", 1)[-1]) from None
+    try:
+        response = await engine.agenerate(GenerationRequest(ids, sampling))
+    except ValueError as err:  # the engine's own checks (e.g. the rendered prompt's length)
+        raise RequestError("messages", str(err)) from None
+    turn = parse_tool_calls(tokenizer.decode(response.output_ids, skip_special_tokens=True))
+    return completion_body(
+        model=str(body.get("model") or model), message=assistant_message(turn),
+        finish=finish_reason(turn, response.stop_reason), prompt_tokens=len(ids),
+        completion_ids=response.output_ids, logprobs=response.logprobs,
+        versions=response.versions,
+    )  # fmt: skip

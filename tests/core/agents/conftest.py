@@ -1,0 +1,32 @@
+"""A tiny model with our chat format: turns, tools, tool calls (core.models.chat_template)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.models import create_pretrained, load_tokenizer
+
+CORPUS = [f"Q: what is {a}+{b}? A: {a + b}" for a in range(10) for b in range(10)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tool_chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tool-chat")
+    return create_pretrained("tiny", CORPUS, folder, vocab_size=400, seed=1, chat=True)
+
+
+@pytest.fixture(scope="session")
+def tool_chat_tokenizer(tool_chat_model: Path):
+    return load_tokenizer(tool_chat_model)

@@ -1,0 +1,69 @@
+"""Agent code written against the OpenAI client shape: an episode scored and masked, the
+calculator tool, and the config errors that stop a bad agent before any work (a real run of an
+agent: tests/core/agents/test_search_env.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from core.agents.examples import run_calculator
+from core.agents.workflow import AgentEpisode, OpenAIAgentWorkflow
+from core.config import ConfigError, load_config
+from core.data.prompting import Prompter
+from core.inference.api import SamplingParams
+from core.inference.hf_engine import HFEngine
+from core.models import load_model
+from core.rewards.verifier_pool import make_scorer
+
+QUICKSTART = "experiments/quickstart.yaml"
+
+
+@pytest.mark.unit
+def test_calculator_tool_answers_calls_and_errors() -> None:
+    assert run_calculator("calc", json.dumps({"expression": "3*(4+5)"})) == "27"
+    assert run_calculator("calc", json.dumps({"expression": "1/0"})).startswith("error")
+    assert "not JSON" in run_calculator("calc", "{oops")
+    assert "unknown tool" in run_calculator("search", "{}")
+
+
+@pytest.mark.unit
+def test_an_episode_is_scored_and_masked(tool_chat_model, tool_chat_tokenizer) -> None:
+    prompter = Prompter(tool_chat_tokenizer, "chat", "plain", system_prompt="Solve it.")
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0)
+
+    async def two_turns(episode: AgentEpisode) -> str:
+        messages = list(episode.messages)
+        first = await episode.client.chat.completions.create(messages=messages)
+        messages += [first.choices[0].message, {"role": "user", "content": "Answer: 7"}]
+        await episode.client.chat.completions.create(messages=messages)
+        return "#### 7"  # the final answer the reward function scores
+
+    workflow = OpenAIAgentWorkflow(tool_chat_tokenizer, two_turns, sampling,
+                                   score=make_scorer("core.rewards.gsm8k:gsm8k_reward"), prompter=prompter)  # fmt: skip
+    with HFEngine(load_model(tool_chat_model), tool_chat_tokenizer, seed=0) as engine:
+        sample = {"question": "What is 3+4?", "answer": "#### 7", "seed": 11}
+        trajectory = asyncio.run(workflow.run_episode(engine, sample))
+        again = asyncio.run(workflow.run_episode(engine, sample))
+    assert trajectory is not None and again is not None
+    assert trajectory.reward == 1.0 and trajectory.metadata["turns"] == 2
+    assert trajectory.metadata["completion"] == "#### 7"
+    assert trajectory.input_ids == again.input_ids  # the sample's seed fixes every call
+    text = tool_chat_tokenizer.decode(trajectory.input_ids)
+    assert "Solve it." in text and "Question: What is 3+4?" in text and "Answer: 7" in text
+    n_prompt = trajectory.prompt_len
+    assert not any(trajectory.loss_mask[:n_prompt]) and 2 <= sum(trajectory.loss_mask) <= 12
+    workflow.close()
+
+
+@pytest.mark.unit
+def test_bad_agents_are_config_errors() -> None:
+    agent = ["rollout.workflow=core.agents.workflow:OpenAIAgentWorkflow"]
+    with pytest.raises(ConfigError, match="rollout.agent: needs an agent"):
+        load_config(QUICKSTART, agent)
+    with pytest.raises(ConfigError, match="rollout.agent"):
+        load_config(QUICKSTART, [*agent, "rollout.agent=core.agents.examples:nope"])
+    with pytest.raises(ConfigError, match="must be an async function"):
+        load_config(QUICKSTART, [*agent, "rollout.agent=core.agents.tool_calls:error_message"])

@@ -1,0 +1,81 @@
+"""``POST /v1/chat/completions`` through the real ``openai`` package against our server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from core.agents.chat import render
+from tests.core.inference.helpers import ServerThread
+
+pytestmark = pytest.mark.integration
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+
+
+@pytest.fixture(scope="module")
+def server(tool_chat_model) -> Iterator[str]:
+    thread = ServerThread()
+    try:
+        handle = thread.start(model_dir=tool_chat_model, api_key="sk-test", seed=0)
+        yield handle.url
+    finally:
+        thread.close()
+
+
+def test_the_openai_client_chats_with_tools(server, tool_chat_tokenizer) -> None:
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="sk-test", max_retries=0)
+    messages = [{"role": "user", "content": "Q: what is 2+3?"}]
+    reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS,
+                                           max_tokens=8, temperature=1.0, seed=5)  # fmt: skip
+    choice = reply.choices[0]
+    assert reply.object == "chat.completion" and choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length", "tool_calls")
+    token_ids = choice.model_extra["token_ids"]
+    assert 1 <= len(token_ids) <= 8
+    assert (
+        reply.usage.completion_tokens == len(token_ids) == len(choice.model_extra["token_logprobs"])
+    )
+    assert choice.model_extra["token_versions"] == [0] * len(token_ids)
+    prompt = render(tool_chat_tokenizer, messages, TOOLS)
+    assert reply.usage.prompt_tokens == len(
+        tool_chat_tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    )
+    text = tool_chat_tokenizer.decode(token_ids, skip_special_tokens=True).strip()
+    assert (choice.message.content or "") == text  # no tool call in an untrained model's reply
+    # The same seed, the same reply; the conversation continues with a tool turn.
+    again = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS,
+                                           max_tokens=8, temperature=1.0, seed=5)  # fmt: skip
+    assert again.choices[0].model_extra["token_ids"] == token_ids
+    messages += [choice.message.model_dump(exclude_none=True), {"role": "tool", "content": "5"}]
+    follow = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS,
+                                            max_tokens=4)  # fmt: skip
+    assert follow.usage.prompt_tokens > reply.usage.prompt_tokens + len(token_ids)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"messages": [{"role": "user", "content": "hi"}], "stream": True}, "stream"),
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"content": "no role"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "hi"}], "seed": "7"}, "seed"),
+        ({"messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, "frobnicate"),
+    ],
+)
+def test_bad_requests_name_the_field(server, body, field) -> None:
+    reply = httpx.post(f"{server}/v1/chat/completions", json=body,
+                       headers={"Authorization": "Bearer sk-test"})  # fmt: skip
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["message"].startswith(f"{field}:")
+
+
+def test_the_key_is_required(server) -> None:
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}])

@@ -1,0 +1,100 @@
+"""The OpenAI-shaped client on a real engine: SDK types back, one trajectory per conversation with
+exactly the tokens the model saw and sampled (teacher-forced log-probs agree), context masked."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from openai.types.chat import ChatCompletion
+
+from core.agents.openai_client import AgentChatClient
+from core.inference.api import SamplingParams
+from core.inference.hf_engine import HFEngine
+from core.models import load_model
+
+pytestmark = pytest.mark.unit
+
+TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "Add two numbers",
+    "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+}}]  # fmt: skip
+
+
+def converse(client: AgentChatClient) -> list[ChatCompletion]:
+    async def main() -> list[ChatCompletion]:
+        messages: list = [{"role": "system", "content": "Use tools."},
+                          {"role": "user", "content": "Q: what is 3+4?"}]  # fmt: skip
+        first = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        messages += [
+            first.choices[0].message,
+            {"role": "tool", "tool_call_id": "c1", "content": "7"},
+        ]
+        second = await client.chat.completions.create(messages=messages, tools=TOOLS)
+        messages += [second.choices[0].message.model_dump(), {"role": "user", "content": "sure?"}]
+        third = await client.chat.completions.create(messages=messages, tools=TOOLS, max_tokens=3)
+        return [first, second, third]
+
+    return asyncio.run(main())
+
+
+def test_a_conversation_is_one_trajectory_of_the_tokens_seen(
+    tool_chat_model, tool_chat_tokenizer
+) -> None:
+    tokenizer = tool_chat_tokenizer
+    model = load_model(tool_chat_model)
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
+    with HFEngine(load_model(tool_chat_model), tokenizer, seed=0) as engine:
+        client = AgentChatClient(engine, tokenizer, sampling, seed=7)
+        replies = converse(client)
+        trajectory = client.trajectory(1.0)
+
+    assert all(isinstance(r, ChatCompletion) for r in replies)
+    assert replies[2].usage.completion_tokens <= 3
+    ids, mask = trajectory.input_ids, trajectory.loss_mask
+    # Each reply's tokens sit in the trajectory right after the prompt that call sent.
+    for reply in replies:
+        start = reply.usage.prompt_tokens
+        tokens = reply.choices[0].token_ids
+        assert ids[start : start + len(tokens)] == tokens
+        assert all(mask[start : start + len(tokens)])
+    assert sum(mask) == sum(r.usage.completion_tokens for r in replies)
+    assert trajectory.prompt_len == replies[0].usage.prompt_tokens
+    assert trajectory.metadata == {"turns": 3, "restarts": 0}
+    # The context between replies is the template's rendering of the new messages.
+    between = tokenizer.decode(ids[replies[0].usage.prompt_tokens + replies[0].usage.completion_tokens :
+                                   replies[1].usage.prompt_tokens])  # fmt: skip
+    assert "<tool_response>\n7\n</tool_response>" in between and between.endswith("assistant\n")
+    # Teacher forcing the whole sequence gives the log-probs the engine sampled with.
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
+    on = torch.tensor(mask[1:]).bool()
+    torch.testing.assert_close(torch.tensor(trajectory.logprobs[1:])[on], expected[on],
+                               atol=1e-4, rtol=0)  # fmt: skip
+    assert all(v == 0 for v, m in zip(trajectory.versions, mask, strict=True) if m)
+
+
+def test_rewritten_history_restarts_the_trajectory(tool_chat_model, tool_chat_tokenizer) -> None:
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0)
+    with HFEngine(load_model(tool_chat_model), tool_chat_tokenizer, seed=0) as engine:
+        client = AgentChatClient(engine, tool_chat_tokenizer, sampling)
+
+        async def main():
+            await client.chat.completions.create(messages=[{"role": "user", "content": "Q: 1+1?"}])
+            return await client.chat.completions.create(
+                messages=[{"role": "user", "content": "Q: 2+2?"}]  # not a continuation
+            )
+
+        second = asyncio.run(main())
+    trajectory = client.trajectory(0.0)
+    assert trajectory.metadata["restarts"] == 1
+    assert trajectory.prompt_len == second.usage.prompt_tokens
+    assert len(trajectory.input_ids) == second.usage.total_tokens
+
+
+def test_no_call_no_trajectory(tool_chat_tokenizer) -> None:
+    client = AgentChatClient(None, tool_chat_tokenizer, SamplingParams(4))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no chat completion call"):
+        client.trajectory(1.0)

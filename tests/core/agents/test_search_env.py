@@ -1,0 +1,177 @@
+"""The search-agent environment: a generated corpus and its multi-hop questions, BM25 tools,
+long-tailed tool latency with a time limit, the config that sets it, and a few-step run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import Counter
+
+import pytest
+
+from core.agents.latency import LatencySpec, ToolClock, episode_seed
+from core.agents.search_agent import run_tool
+from core.agents.search_env import TOP_K, build_corpus, search_index
+from core.config import ConfigError, load_config
+from core.data.search_synthetic import (
+    SearchSpec,
+    generate_search_questions,
+    generate_search_splits,
+)
+from core.rewards.short_answer import exact_match, f1
+
+SEARCH_YAML = "experiments/agent_search.yaml"
+
+
+@pytest.mark.unit
+def test_corpus_and_questions_are_deterministic_per_seed() -> None:
+    spec = SearchSpec(corpus_size=60)
+    first, again = build_corpus(5, 60), build_corpus.__wrapped__(5, 60)  # a fresh build
+    assert first.documents == again.documents and len(first.documents) == 60
+    other = build_corpus(6, 60)
+    assert {d.title for d in first.documents.values()}.isdisjoint(
+        d.title for d in other.documents.values()
+    )
+    questions = generate_search_questions(50, spec, seed=5)
+    assert questions == generate_search_questions(50, spec, seed=5)
+    assert [q["question"] for q in questions] != [
+        q["question"] for q in generate_search_questions(50, spec, seed=6)
+    ]
+    assert Counter(q["hops"] for q in questions).keys() == {2, 3, 4}
+    train, test = generate_search_splits(spec, 200, 40, seed=5)
+    assert len(test) == 40 and not {q["question"] for q in train} & {q["question"] for q in test}
+    with pytest.raises(ValueError, match="corpus_size"):
+        SearchSpec(corpus_size=3)
+    with pytest.raises(ValueError, match="min_hops"):
+        SearchSpec(min_hops=3, max_hops=2)
+
+
+@pytest.mark.unit
+def test_every_answer_is_reachable_hop_by_hop() -> None:
+    """Each question names its first document's entity, each document names the next one, and
+    the last one states the answer."""
+    spec = SearchSpec(corpus_size=100)
+    corpus = build_corpus(2, 100)
+    for q in generate_search_questions(300, spec, seed=2):
+        docs = [corpus.documents[doc_id] for doc_id in q["doc_ids"]]
+        assert len(docs) == q["hops"] and len({d.doc_id for d in docs}) == q["hops"]
+        assert docs[0].title in q["question"]
+        for here, there in zip(docs, docs[1:], strict=False):
+            assert there.title in here.text
+        assert q["answer"] in docs[-1].text
+        # the opening search already finds the first document
+        assert search_index(2, 100).ranked(docs[0].title, 1) == [docs[0].doc_id]
+
+
+@pytest.mark.unit
+def test_search_ranks_the_named_entity_first_and_tools_answer_errors() -> None:
+    index = search_index(1, 200)
+    entities = list(index.corpus.entities.values())
+    assert all(index.ranked(e.name, 1) == [e.doc_id] for e in entities)
+    company = index.corpus.of_kind("company")[0]
+    hits = index.search(f"who founded {company.name}?").splitlines()
+    assert hits[0].startswith(f"[{company.doc_id}] {company.name}: ") and len(hits) == TOP_K
+    assert index.open(company.doc_id).startswith(company.name)
+    assert "founded in" in run_tool(index, "open", json.dumps({"doc_id": company.doc_id}))
+    assert "no results" in index.search("zzz qqq")
+    for name, arguments, error in [
+        ("open", '{"doc_id": "x9999"}', "no document 'x9999'"),
+        ("open", "{}", "needs a 'doc_id'"),
+        ("open", '{"doc_id": 3}', "needs a 'doc_id'"),
+        ("search", '{"query": ""}', "non-empty 'query'"),
+        ("search", "not json", "not JSON"),
+        ("search", "[1]", "must be an object"),
+        ("browse", "{}", "unknown tool 'browse'"),
+    ]:
+        assert run_tool(index, name, arguments).startswith("error:"), name
+        assert error in run_tool(index, name, arguments)
+
+
+@pytest.mark.unit
+def test_latency_draws_match_the_configured_median_and_p99() -> None:
+    spec = LatencySpec(median_s=0.5, p99_s=5.0)
+    rng = random.Random(0)
+    draws = sorted(spec.draw(rng) for _ in range(20_000))
+    median, p99 = draws[10_000], draws[19_800]
+    assert median == pytest.approx(0.5, rel=0.03) and p99 == pytest.approx(5.0, rel=0.08)
+    assert LatencySpec(0.5).draw(rng) == 0.5  # no tail: always the median
+    same = [LatencySpec(0.5, 5.0).draw(random.Random(episode_seed({"seed": 7}))) for _ in "ab"]
+    assert same[0] == same[1] != LatencySpec(0.5, 5.0).draw(random.Random(episode_seed({})))
+    with pytest.raises(ValueError, match="median_s <= p99_s"):
+        LatencySpec(0.5, 0.2)
+
+
+@pytest.mark.unit
+def test_calls_past_the_time_limit_return_a_timeout_error() -> None:
+    calls: list[str] = []
+
+    def tool() -> str:
+        calls.append("ran")
+        return "result"
+
+    async def run(spec: LatencySpec, n: int) -> tuple[list[str], ToolClock, float]:
+        clock = ToolClock(spec, seed=1)
+        started = time.monotonic()
+        results = [await clock.call("search", tool) for _ in range(n)]
+        return results, clock, time.monotonic() - started
+
+    slow, clock, seconds = asyncio.run(run(LatencySpec(0.2, timeout_s=0.05), 3))
+    assert slow == ["error: search timed out after 0.05 s; try again"] * 3 and not calls
+    assert clock.n_timeouts == 3 and 0.15 <= seconds < 0.5
+    # a long tail across the limit: the calls drawn past it time out, the quick ones finish
+    spec = LatencySpec(0.02, 0.5, timeout_s=0.1)
+    rng = random.Random(1)  # the clock's own draws, in order
+    draws = [spec.draw(rng) for _ in range(30)]
+    results, clock, _ = asyncio.run(run(spec, 30))
+    assert 0 < sum(d > 0.1 for d in draws) <= clock.n_timeouts <= sum(d >= 0.05 for d in draws) < 30
+    assert all(r.startswith("error: search timed out") for d, r in zip(draws, results) if d > 0.1)
+    assert all(r == "result" for d, r in zip(draws, results) if d < 0.05)
+
+
+@pytest.mark.unit
+def test_short_answer_rewards() -> None:
+    assert exact_match("I searched.\nAnswer: The Lowenrho.", "Lowenrho") == 1.0
+    assert exact_match("answer is 1967", "1967") == 1.0
+    assert exact_match("Answer: 1968", "1967") == 0.0 and exact_match("", "1967") == 0.0
+    assert f1("Answer: Tanpul Systems Labs", "Tanpul Systems") == pytest.approx(0.8)
+    assert f1("Answer: nothing", "Tanpul Systems") == 0.0
+
+
+@pytest.mark.unit
+def test_bad_latency_settings_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="rollout.tool_latency_p99_s must be >= 0"):
+        load_config(SEARCH_YAML, ["rollout.tool_latency_p99_s=-1"])
+    with pytest.raises(ConfigError, match="rollout.tool_latency_p99_s=0.2 needs"):
+        load_config(SEARCH_YAML, ["rollout.tool_latency_p99_s=0.2"])
+    with pytest.raises(ConfigError, match="tool_latency_p99_s=1.0 needs.*tool_latency_s=0.0"):
+        load_config(SEARCH_YAML, ["rollout.tool_latency_s=0", "rollout.tool_latency_p99_s=1"])
+    with pytest.raises(ConfigError, match="corpus_size"):
+        load_config(SEARCH_YAML, ["data.search_synthetic.corpus_size=2"])
+    config = load_config(SEARCH_YAML)
+    assert (config.rollout.max_turns, config.rollout.tool_latency_p99_s) == (10, 5.0)
+
+
+@pytest.mark.integration
+def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path) -> None:
+    """SFT on solved conversations, then two RL steps of the search agent: episodes run the
+    tools and are trained."""
+    from core.runtime.job import run_experiment
+
+    summary = run_experiment(load_config(SEARCH_YAML, [
+        f"model.path={tool_chat_model}", f"cluster.fileroot={tmp_path}", "experiment.trial=t",
+        "data.n_train=40", "data.n_test=4", "eval.n_problems=4", "eval.max_new_tokens=8",
+        "data.search_synthetic.corpus_size=40", "sft.steps=2", "sft.batch_size=4",
+        "learner.total_steps=2",
+        "rollout.batch_size=2", "algorithm.group_size=2", "rollout.max_new_tokens=8",
+        "rollout.max_turns=2", "rollout.tool_latency_s=0", "rollout.tool_latency_p99_s=0",
+        "eval.every_n_steps=0", "checkpoint.every_n_steps=0",
+    ]))  # fmt: skip
+    assert summary["steps"] == 2 and summary["rollout"]["episodes_failed"] == 0
+    rows = [json.loads(line) for line in (tmp_path / "agent-search" / "t" / "metrics.jsonl").open()]
+    trained = [r for r in rows if "actor/loss_tokens" in r]
+    assert len(trained) == 2
+    assert all(
+        r["actor/tokens"] > 4 * 100 and 0 < r["actor/loss_tokens"] <= 4 * 2 * 8 for r in trained
+    )
