@@ -7,10 +7,8 @@ Run it with ``rollout.workflow=core.agents.workflow:OpenAIAgentWorkflow`` and
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from core.agents.latency import ToolClock, episode_seed
-from core.agents.tool_calls import error_message
+from core.agents.tool_loop import tool_loop
 from core.agents.workflow import AgentEpisode
 from core.data.synthetic import CALCULATOR_TOOL
 from core.rollout.tools import calculator
@@ -33,21 +31,4 @@ def run_calculator(name: str, arguments: str | None) -> str:
 
 async def calculator_agent(episode: AgentEpisode) -> str:
     """Ask, run any calculator calls, ask again; the last reply without calls is the answer."""
-    messages: list[Any] = list(episode.messages)
-    clock = ToolClock(episode.tool_latency, episode_seed(episode.sample))
-    answer = ""
-    for _ in range(episode.max_turns):
-        reply = await episode.client.chat.completions.create(messages=messages, tools=[CALCULATOR])
-        message = reply.choices[0].message
-        messages.append(message)
-        answer = message.content or ""
-        errors = (message.model_extra or {}).get("tool_call_errors") or []
-        if not message.tool_calls and not errors:
-            break
-        for call in message.tool_calls or []:
-            name, arguments = call.function.name, call.function.arguments
-            content = await clock.call(name, lambda n=name, a=arguments: run_calculator(n, a))
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
-        messages += [error_message(e) for e in errors]
-    episode.info.update(tool_calls=clock.n_calls, tool_wait_s=clock.waited_s)
-    return answer
+    return await tool_loop(episode, [CALCULATOR], run_calculator)
