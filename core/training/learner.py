@@ -66,7 +66,7 @@ from core.training.lora import (
 )
 from core.training.losses import LossFn, SFTLoss
 from core.training.lr_schedule import warmup_cosine_schedule
-from core.training.packing import pack_rows, unpack
+from core.training.packing import packed_logits
 from core.training.sharding import shard_model
 from core.training.stats import StatsAccumulator
 from core.training.value_model import ValueModel
@@ -185,11 +185,7 @@ class Learner:
                 return model(
                     input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False
                 ).logits
-            packed = pack_rows(micro.input_ids, micro.attention_mask)
-            out = model(
-                input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False
-            )
-            return unpack(out.logits, packed)
+            return packed_logits(model, micro.input_ids, micro.attention_mask)
 
     def _logprobs(self, model: nn.Module, micro: TrainBatch) -> Tensor:
         logits = self._logits(model, micro)

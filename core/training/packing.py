@@ -83,3 +83,10 @@ def unpack(values: Tensor, packed: PackedRows) -> Tensor:
     """``[B, T, ...]`` outputs of the packed rows -> ``[N, T, ...]`` in the padded layout."""
     flat = values.reshape(-1, *values.shape[2:])
     return flat[packed.index]
+
+
+def packed_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """``[N, T, V]`` logits of right-padded rows, computed on their packed layout."""
+    packed = pack_rows(input_ids, attention_mask)
+    out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+    return unpack(out.logits, packed)

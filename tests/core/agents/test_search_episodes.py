@@ -18,6 +18,7 @@ from core.data.search_synthetic import SearchSpec, generate_search_questions
 from core.models.presets import MODEL_PRESETS
 from core.rewards.registry import resolve_reward
 from core.runtime.sft import _example
+from tests.core.agents.helpers import trained_spans
 
 pytestmark = pytest.mark.unit
 
@@ -74,14 +75,7 @@ def test_sft_trains_the_tool_calls_and_the_answer_only(tool_chat_tokenizer) -> N
     prompt = tokenizer.decode(ids[: example.prompt_len])
     assert prompt == render(tokenizer, opening, search_agent.TOOLS)
     assert "<tools>" in prompt and config.data.system_prompt in prompt
-    spans, current = [], []
-    for token, m in zip(ids, mask, strict=True):
-        if m:
-            current.append(token)
-        elif current:
-            spans.append(tokenizer.decode(current))
-            current = []
-    spans.append(tokenizer.decode(current))
+    spans = trained_spans(tokenizer, ids, mask)
     assert len(spans) == 2 * row["hops"] + 1
     calls = [c for m in row["sft_messages"] if m["role"] == "assistant"
              for c in m.get("tool_calls", [])]  # fmt: skip

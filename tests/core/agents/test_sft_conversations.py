@@ -8,6 +8,7 @@ import pytest
 from core.data.prompting import Prompter
 from core.data.synthetic import SyntheticSpec, generate_problems
 from core.runtime.sft import _example
+from tests.core.agents.helpers import trained_spans
 
 pytestmark = pytest.mark.unit
 
@@ -27,14 +28,7 @@ def test_assistant_turns_are_trained_and_the_rest_is_context(tool_chat_tokenizer
         and rendered[len(tokenizer.decode(ids)) :] == "\n"
     )
     # Trained spans: the two tool calls and the final answer, each closed by <|im_end|>.
-    spans, current = [], []
-    for token, m in zip(ids, mask, strict=True):
-        if m:
-            current.append(token)
-        elif current:
-            spans.append(tokenizer.decode(current))
-            current = []
-    spans.append(tokenizer.decode(current))
+    spans = trained_spans(tokenizer, ids, mask)
     assert len(spans) == 3 and all(span.endswith("<|im_end|>") for span in spans)
     assert '"name": "calc"' in spans[0] and "<tool_call>" in spans[0]
     assert spans[-1] == row["answer"] + "<|im_end|>"
