@@ -112,6 +112,20 @@ def exists(url: str) -> bool:
     return fs.exists(path)
 
 
+def fetch_dir(source: str) -> str:
+    """A local folder with ``source``'s files: ``source`` itself when local, else a download
+    into its staging folder (a Ray node without the driver's disk gets weights this way)."""
+    return source if is_local(source) else str(download_dir(source))
+
+
+@storage_retry
+def remove_dir(url: str) -> None:
+    """Delete the folder at ``url`` and everything under it, if it exists."""
+    fs, path = url_to_fs(url)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
 @storage_retry
 def upload_dir(local: str | Path, url: str) -> None:
     """Copy a local folder's files to ``url`` (no-op when ``url`` is that folder)."""

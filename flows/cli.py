@@ -92,10 +92,18 @@ def _load(config: Path, overrides: list[str] | None) -> Config:
 
 
 @contextmanager
-def _prefect_start_failures() -> Iterator[None]:
-    """Prefect's temporary API server may not come up on a starved machine: say what to do."""
+def _prefect_api() -> Iterator[None]:
+    """The Prefect API for the block: ``PREFECT_API_URL``'s server, or a temporary one.
+
+    The temporary server stops when the block ends, after Prefect has recorded how the flow run
+    ended, even when a signal to the whole process group ended it (tasks.prefect_server). It may
+    not come up on a starved machine: then say what to do.
+    """
+    from tasks.prefect_server import temporary_prefect_server
+
     try:
-        yield
+        with temporary_prefect_server():
+            yield
     except RuntimeError as err:
         if "ephemeral Prefect API server" not in str(err):
             raise
@@ -124,10 +132,10 @@ def _stop_on_sigterm() -> None:
     """Make SIGTERM (Prefect cancellation, Slurm, Kubernetes) unwind the job like Ctrl-C.
 
     Every stage's cleanup then runs — rollout and learner processes, Ray, Prefect's temporary
-    API server (stopped at exit) — and the process exits 143. Inside a flow run Prefect turns
-    SIGTERM into its own exception first, marks the run crashed and re-sends the signal to the
-    handler it found: this one, instead of the default that would kill the process on the spot
-    and orphan the temporary server.
+    API server (stopped last, see ``_prefect_api``) — and the process exits 143. Inside a flow
+    run Prefect turns SIGTERM into its own exception first, marks the run crashed and re-sends
+    the signal to the handler it found: this one, instead of the default that would kill the
+    process on the spot, before its cleanup.
     """
 
     def stop(signum: int, frame: Any) -> None:
@@ -164,7 +172,7 @@ def run(
         else:
             from flows.experiment import experiment
 
-            with _prefect_start_failures():
+            with _prefect_api():
                 summary = experiment(cfg, progress=progress)["summary"]
     _print_summary(summary)
 
@@ -248,7 +256,7 @@ def ablate(
         ablation_variants(source, algorithms, seeds)  # every variant validates before any work
     _setup_logging(False)
     _stop_on_sigterm()
-    with _prefect_start_failures():
+    with _prefect_api():
         result = ablation(source, algorithms, seeds, parallel)
     from tasks.comparison_report import render_markdown
 
@@ -282,7 +290,7 @@ def sweep(
         raise typer.Exit(code=2) from None
     _setup_logging(False)
     _stop_on_sigterm()
-    with _prefect_start_failures():
+    with _prefect_api():
         result = sweep_flow(source, search_space, trials, storage, parallel=parallel)
     console.print(result)
 

@@ -38,6 +38,7 @@ from typing import Any
 import cloudpickle
 
 from core.config import Config
+from core.runtime.fleet import launches_servers
 from core.storage import exists, join
 
 logger = logging.getLogger(__name__)
@@ -68,11 +69,12 @@ def parse_parallel(value: int | str) -> int | None:
 
 
 def variant_cpus(config: Config) -> int:
-    """Cores one run keeps busy: each learner rank and the rollout worker run
-    ``scheduler.torch_threads`` threads, each reward verifier process one; with
+    """Cores one run keeps busy: each learner rank, the rollout worker and each server it
+    launches run ``scheduler.torch_threads`` threads, each reward verifier process one; with
     ``scheduler.type=ray`` at least the CPUs it reserves."""
     threads = max(1, config.scheduler.torch_threads)
-    need = (config.learner.n_ranks + 1) * threads + config.rollout.reward_workers
+    processes = config.learner.n_ranks + 1 + launched_servers(config)
+    need = processes * threads + config.rollout.reward_workers
     if config.scheduler.type == "ray":
         reserved = config.scheduler.learner_cpus + config.scheduler.rollout_cpus
         need = max(need, math.ceil(reserved))
@@ -80,10 +82,16 @@ def variant_cpus(config: Config) -> int:
 
 
 def variant_gpus(config: Config) -> int:
-    """GPUs one run asks for: one per learner rank, one for an engine it starts itself."""
+    """GPUs one run asks for: one per learner rank, one per engine or server it starts itself."""
     if not config.cluster.n_gpus_per_node:
         return 0
-    return config.learner.n_ranks + (0 if config.rollout.server_addresses else 1)
+    own = 1 if config.rollout.engine == "hf" else launched_servers(config)
+    return config.learner.n_ranks + own
+
+
+def launched_servers(config: Config) -> int:
+    """How many inference servers one run launches (rollout.engine=sglang, no addresses)."""
+    return config.rollout.n_servers if launches_servers(config) else 0
 
 
 def available_cores() -> int:

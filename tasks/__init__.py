@@ -4,6 +4,8 @@
 - :mod:`tasks.mlflow_tracking` — MLflow runs: where the store lives, params/tags, the metric
   sink ``core`` logs to, summaries, secret redaction;
 - :mod:`tasks.comparison_report` — the algorithm comparison read back from MLflow: table and plot.
+- :mod:`tasks.prefect_server` — Prefect's temporary API server, kept up until the flow run's end
+  is recorded, and gone with the job.
 
 Importing the package sets two Prefect defaults before Prefect is imported (the user's own
 environment wins): no analytics from the embedded server (this box has no internet), and a

@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import time
 import typing
 from collections.abc import Iterator
@@ -50,6 +51,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "checkpoint.recover": ("off", "auto"),
     "data.prompt_format": PROMPT_FORMATS,
     "rollout.sandbox": ("strict", "best_effort"),
+    "rollout.server_launcher": ("asyncrl", "sglang"),
+    "rollout.weight_sync": ("disk", "distributed"),
 }
 
 
@@ -196,7 +199,7 @@ POSITIVE = (
     "cluster.n_nodes", "scheduler.torch_threads", "scheduler.learner_cpus",
     "scheduler.rollout_cpus", "checkpoint.keep_last", "cluster.lock_stale_s",
     "rollout.stall_warn_s", "rollout.stall_timeout_s", "rollout.reward_timeout_s",
-    "model.lora_alpha",
+    "model.lora_alpha", "rollout.n_servers", "scheduler.server_cpus",
 )  # fmt: skip
 NON_NEGATIVE = (
     "rollout.max_staleness", "rollout.top_k", "rollout.tool_latency_s", "learner.total_steps",
@@ -270,13 +273,21 @@ def validate(config: Config) -> None:
             load_agent(config.rollout.agent)
         except ValueError as err:
             raise ConfigError(f"rollout.agent: {err}") from None
-    if config.rollout.engine != "hf" and not config.rollout.server_addresses:
-        # A run does not launch SGLang/vLLM servers itself (yet): it needs running ones.
+    if config.rollout.engine == "vllm" and not config.rollout.server_addresses:
+        # The run launches SGLang-protocol servers (ours or SGLang), not vLLM.
         raise ConfigError(
-            f"rollout.engine={config.rollout.engine!r} needs running servers in "
-            "rollout.server_addresses (host:port, ...); or rollout.engine=hf, our engine in the "
-            "rollout worker (CPU or CUDA)"
+            "rollout.engine='vllm' needs running servers in rollout.server_addresses "
+            "(host:port, ...); or rollout.engine=sglang with no addresses, which launches "
+            "rollout.n_servers servers (rollout.server_launcher), or rollout.engine=hf"
         )
+    if config.rollout.weight_sync == "distributed" and config.rollout.engine != "sglang":
+        raise ConfigError(
+            "rollout.weight_sync='distributed' needs rollout.engine=sglang (servers that speak "
+            f"SGLang's weight-update protocol), got rollout.engine={config.rollout.engine!r}"
+        )
+    python = config.rollout.server_python
+    if python and shutil.which(python) is None:
+        raise ConfigError(f"rollout.server_python={python!r}: no such interpreter")
 
 
 def _check_tool_latency(config: Config) -> None:

@@ -74,6 +74,22 @@ class SchedulerConfig:
     torch_threads: int = documented(
         1, "torch.set_num_threads per process: each side on its own core(s), or they fight."
     )
+    server_cpus: float = documented(
+        1.0, "CPUs reserved for each inference server the run launches (Ray)."
+    )
+    server_resource: str = documented(
+        "",
+        "A custom Ray resource the nodes for inference servers advertise (ray start --resources "
+        "'{\"NAME\": 1}'); each server asks a sliver of it, so they go only there. Empty = any node.",
+    )
+    learner_resource: str = documented(
+        "", "The same for the learner ranks' nodes. Empty = any node."
+    )
+    learner_spread: bool = documented(
+        False,
+        "Place learner ranks on different nodes (Ray placement group SPREAD); default PACK: "
+        "as few nodes as fit them.",
+    )
 
 
 @dataclass
@@ -82,7 +98,7 @@ class ModelConfig:
 
     path: str = documented(
         "tiny",
-        "A from-scratch preset ('tiny' ~1M, 'small' ~10M params), a local HF folder, or a hub id.",
+        "A from-scratch preset ('tiny' ~1M, 'small' ~10M, 'medium' ~97M params), a local HF folder, or a hub id.",
     )
     tokenizer_path: str = documented(
         "",
@@ -221,12 +237,35 @@ class RolloutConfig:
     """Generation: engines, sampling, and the staleness bound of the async loop."""
 
     engine: str = documented(
-        "hf", "'hf' (in-process engine, CPU/GPU), 'sglang' or 'vllm' (HTTP servers)."
+        "hf",
+        "'hf' (our engine inside the rollout worker, CPU/GPU), 'sglang' (servers speaking "
+        "SGLang's HTTP API: launched by the run, or running ones) or 'vllm' (running servers).",
     )
     server_addresses: list[str] = documented(
         [],
-        "host:port of running inference servers for rollout.engine=sglang|vllm (required "
-        "there: the run does not launch them); unused with rollout.engine=hf.",
+        "host:port of running inference servers for rollout.engine=sglang|vllm; the run brings "
+        "them to its starting weights first. Empty with sglang = the run launches "
+        "rollout.n_servers servers itself (required with vllm; unused with hf).",
+    )
+    n_servers: int = documented(
+        1, "Inference servers the run launches (rollout.engine=sglang, no server_addresses)."
+    )
+    server_launcher: str = documented(
+        "asyncrl",
+        "What the run launches: 'asyncrl' (our engine server, python -m core.inference.server, "
+        "CPU or CUDA) or 'sglang' (python -m sglang.launch_server, a GPU node).",
+    )
+    weight_sync: str = documented(
+        "disk",
+        "How new weights reach servers (rollout.engine=sglang): 'disk' (a HF folder under the "
+        "run folder; uploaded and fetched when that is s3:// etc.) or 'distributed' (broadcast "
+        "from the learner's rank 0 over a process group, SGLang's update_weights_from_distributed; "
+        "gloo on CPU, nccl with GPUs).",
+    )
+    server_python: str = documented(
+        "",
+        "Interpreter of the launched servers (SGLang pins its own torch: point this at its "
+        "environment); empty = this one.",
     )
     batch_size: int = documented(16, "Prompts per training step (each sampled group_size times).")
     max_staleness: int = documented(

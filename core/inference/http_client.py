@@ -19,7 +19,8 @@ import asyncio
 import itertools
 import logging
 import os
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import aiohttp
 from tenacity import (
@@ -29,10 +30,13 @@ from tenacity import (
     wait_exponential,
 )
 
+from core.inference.api import WeightSource
+
 logger = logging.getLogger(__name__)
 
 _RETRY_STATUS = {502, 503, 504}  # a server restarting or a proxy in front of one
 API_KEY_ENV = "ASYNCRL_ENGINE_API_KEY"
+T = TypeVar("T")
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -48,6 +52,17 @@ class ServerError(RuntimeError):
     def __init__(self, url: str, status: int, body: str) -> None:
         super().__init__(f"{url} answered {status}: {body[:500]}")
         self.status = status
+
+
+class ServersDown(RuntimeError):
+    """No server is reachable."""
+
+
+def unreachable(exc: BaseException) -> bool:
+    """A server that cannot be reached at all (refused, reset, gone), after the retries."""
+    return isinstance(exc, aiohttp.ClientConnectionError) and not isinstance(
+        exc, aiohttp.ClientPayloadError
+    )
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -87,6 +102,7 @@ class HTTPEngineClient:
         self._headers = auth_headers(api_key)  # never logged
         self._round_robin = itertools.cycle(range(len(self.urls)))
         self._rid_server: dict[str, int] = {}
+        self._down: set[int] = set()  # unreachable servers, skipped until restore()
         self._paused = False
         self._resume_waiters: list[asyncio.Future] = []
         self._session: aiohttp.ClientSession | None = None
@@ -117,14 +133,78 @@ class HTTPEngineClient:
                     future.set_result(None)
 
     def server_for(self, rid: str) -> int:
-        """The server index for ``rid``: sticky once chosen, round-robin for new ones."""
-        if rid not in self._rid_server:
-            self._rid_server[rid] = next(self._round_robin)
-        return self._rid_server[rid]
+        """The server index for ``rid``: sticky once chosen, round-robin for new ones; a request
+        whose server went down moves to a live one."""
+        index = self._rid_server.get(rid)
+        if index is None or index in self._down:
+            if len(self._down) >= len(self.urls):
+                raise ServersDown(f"no inference server is reachable: {self.urls}")
+            index = next(i for i in self._round_robin if i not in self._down)
+            self._rid_server[rid] = index
+        return index
+
+    @property
+    def down(self) -> list[str]:
+        """The URLs of servers marked unreachable."""
+        return [self.urls[i] for i in sorted(self._down)]
+
+    def mark_down(self, index: int, error: BaseException) -> None:
+        if index not in self._down:
+            self._down.add(index)
+            logger.warning(
+                "inference server %s is unreachable (%r): its requests go to the others",
+                self.urls[index], error,
+            )  # fmt: skip
+
+    def restore(self, addresses: list[str]) -> None:
+        """Route to these servers again (restarted, serving the current version)."""
+        for address in addresses:
+            self._down.discard(self.urls.index(normalize_address(address)))
+
+    async def on_server(self, rid: str, call: Callable[[str], Awaitable[T]]) -> T:
+        """``call(url)`` on ``rid``'s server; when that server is unreachable (after the
+        retries) it is marked down and the request goes, whole, to a live one. The last live
+        server is never marked down: its error is raised (the caller's episode fails)."""
+        while True:
+            index = self.server_for(rid)
+            try:
+                return await call(self.urls[index])
+            except Exception as exc:
+                last_live = index not in self._down and len(self._down) + 1 >= len(self.urls)
+                if not unreachable(exc) or last_live:
+                    raise
+                self.mark_down(index, exc)  # other requests may have marked it already
 
     def release(self, rid: str) -> None:
         """Forget ``rid`` once its request finished for good (not aborted)."""
         self._rid_server.pop(rid, None)
+
+    async def start_from(self, source: WeightSource, version: int) -> None:
+        """Every server serves ``source`` as ``version``, whatever it served before: a run's first
+        weights (after SFT, or a resumed checkpoint's), before any rollout. Servers that already
+        serve that folder at that version (launched by the run from it) are not reloaded."""
+        if not await self.serves(source, version):
+            await self.pause()
+            try:
+                await self.update_weights(source, version, reset=True)
+            finally:
+                await self.resume()
+        self._version = version
+
+    async def serves(self, source: WeightSource, version: int) -> bool:
+        """Whether every server already serves ``source`` at ``version`` (unknown here: no)."""
+        return False
+
+    async def update_weights(
+        self, source: WeightSource, version: int, *, reset: bool = False
+    ) -> None:
+        raise NotImplementedError
+
+    async def pause(self) -> None:
+        raise NotImplementedError
+
+    async def resume(self) -> None:
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ HTTP
 
@@ -166,15 +246,25 @@ class HTTPEngineClient:
         raise AssertionError("unreachable")  # AsyncRetrying either returns or reraises
 
     async def post_all(self, path: str, payload: dict | None = None) -> list[Any]:
-        """POST to every server at once; raises the first failure after all have answered."""
+        """POST to every live server at once; raises the first failure after all have answered.
+        A server found unreachable is marked down and left out (a restarted one is brought to
+        the current weights before it is restored)."""
+        live = [i for i in range(len(self.urls)) if i not in self._down]
         results = await asyncio.gather(
-            *(self.request("POST", url + path, payload) for url in self.urls),
+            *(self.request("POST", self.urls[i] + path, payload) for i in live),
             return_exceptions=True,
         )
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise errors[0]
-        return results
+        answers = []
+        for i, result in zip(live, results, strict=True):
+            if isinstance(result, BaseException) and unreachable(result):
+                self.mark_down(i, result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                answers.append(result)
+        if not answers:
+            raise ServersDown(f"no inference server answered {path}: {self.urls}")
+        return answers
 
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:

@@ -16,6 +16,12 @@ CPU box and to a real SGLang server on a GPU node. Endpoints and field shapes fo
   ``POST /continue_generation``.
 - ``POST /update_weights_from_disk`` ``{"model_path", "abort_all_requests", "weight_version"}``
   -> ``{"success", "message", "num_paused_requests"}``.
+- ``POST /init_weights_update_group`` ``{"master_address", "master_port", "rank_offset",
+  "world_size", "group_name", "backend"}``, ``POST /update_weights_from_distributed``
+  ``{"names", "dtypes", "shapes", "group_name", "flush_cache", "abort_all_requests",
+  "weight_version", "load_format"}``, ``POST /destroy_weights_update_group`` ``{"group_name"}``
+  -> ``{"success", "message"}``: SGLang's weight update by broadcast from the learner's rank 0
+  over a process group of its own (see :mod:`core.inference.weight_sync_endpoints`).
 - ``POST /v1/chat/completions``: the OpenAI chat API for agent code (see
   :mod:`core.inference.chat_endpoint`; needs a tokenizer with a chat template).
 - ``GET /health``, ``GET /get_model_info``, ``GET /get_weight_version``,
@@ -38,9 +44,14 @@ Robustness and security:
   the server or swap its weights.
 - ``/update_weights_from_disk`` loads only folders under the weight roots: the model folder's
   parent plus every ``--weights-root`` (symlinks resolved first); anything else is a 400. A
+  ``--weights-root`` may be a URL (``s3://bucket/run/weights``): a ``model_path`` under it is
+  fetched with fsspec to a temporary folder, then loaded (no shared disk with the learner). A
   ``weight_version`` must move forward: greater than the version served, or equal to it with the
   same folder (a retried update, reloaded). Going backwards is a 409; negative versions and
-  versions above ``MAX_WEIGHT_VERSION`` are a 400.
+  versions above ``MAX_WEIGHT_VERSION`` are a 400. Our extension ``"reset_version": true``
+  accepts any given version: a run's first weights (fresh, or resumed from a checkpoint) on a
+  server that served another run or later versions. ``--weight-version`` (SGLang's flag) sets the
+  version the launch weights are served as.
 """
 
 from __future__ import annotations
@@ -49,6 +60,7 @@ import argparse
 import asyncio
 import logging
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -65,7 +77,7 @@ from core.inference.server_guard import (
     API_KEY_ENV,
     SETTINGS_KEY,
     ServerSettings,
-    allowed_weights_path,
+    allowed_weights_source,
     authenticate,
     check_exposure,
     clean_api_key,
@@ -79,6 +91,8 @@ from core.inference.validation import (
     parse_pause,
     parse_update,
 )
+from core.inference.weight_sync_endpoints import add_weight_sync_routes
+from core.storage import download_dir
 
 logger = logging.getLogger(__name__)
 
@@ -223,14 +237,15 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
     try:
         update = await _parse(request, parse_update)
-        path = allowed_weights_path(update.model_path, request.app[SETTINGS_KEY].weights_roots)
+        path = allowed_weights_source(update.model_path, request.app[SETTINGS_KEY])
     except RequestError as exc:
         return _update_failure(exc.status, str(exc))
     async with state["update_lock"]:
         try:
             version = next_version(
-                engine.version, update.weight_version, path, state["weights_path"]
-            )
+                engine.version, update.weight_version, path, state["weights_path"],
+                update.reset_version,
+            )  # fmt: skip
             await _load(engine, path, version, update.abort_all_requests)
         except RequestError as exc:
             return _update_failure(exc.status, str(exc))
@@ -242,15 +257,19 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     return web.json_response({"success": True, "message": message, "num_paused_requests": 0})
 
 
-async def _load(engine: HFEngine, path: Path, version: int, abort: bool) -> None:
-    paused_here = not engine.paused
-    if paused_here:
-        await engine.pause("abort" if abort else "drain")
-    try:
-        await engine.update_weights(WeightSource(path=str(path)), version)
-    finally:
+async def _load(engine: HFEngine, path: Path | str, version: int, abort: bool) -> None:
+    """Load ``path`` (a URL is fetched to a temporary folder first, while generation goes on)."""
+    with tempfile.TemporaryDirectory(prefix="asyncrl-weights-") as staging:
+        if isinstance(path, str):
+            path = await asyncio.to_thread(download_dir, path, staging)
+        paused_here = not engine.paused
         if paused_here:
-            await engine.resume()
+            await engine.pause("abort" if abort else "drain")
+        try:
+            await engine.update_weights(WeightSource(path=str(path)), version)
+        finally:
+            if paused_here:
+                await engine.resume()
 
 
 # ---------------------------------------------------------------------- read-only endpoints
@@ -310,6 +329,7 @@ def create_app(
     app.router.add_post("/pause_generation", pause_generation)
     app.router.add_post("/continue_generation", continue_generation)
     app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
+    add_weight_sync_routes(app, engine, app[STATE_KEY])
     for path, handler in [
         ("/health", health),
         ("/health_generate", health),
@@ -428,6 +448,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--chunk-tokens", type=int, default=16)
     p.add_argument("--seed", "--random-seed", dest="seed", type=int, default=0)
+    p.add_argument(
+        "--weight-version",
+        type=int,
+        default=0,
+        help="the version the launch weights are served as (a run resumed at version N launches "
+        "its servers from that checkpoint at N)",
+    )
     p.add_argument("--torch-threads", type=int, default=None)
     p.add_argument(
         "--api-key",
@@ -459,6 +486,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--tp-size must be 1: this server runs one in-process model")
     if args.max_new_tokens_cap is not None and args.max_new_tokens_cap < 1:
         p.error("--max-new-tokens-cap must be >= 1")
+    if args.weight_version < 0:
+        p.error("--weight-version must be >= 0")
     try:
         check_exposure(args.host, clean_api_key(args.api_key))
     except ValueError as exc:
@@ -473,7 +502,7 @@ def main(argv: list[str] | None = None) -> None:
         args.model, args.host, args.port, api_key=args.api_key, weights_root=args.weights_root,
         max_new_tokens_cap=args.max_new_tokens_cap, dtype=_DTYPES[args.dtype], device=args.device,
         max_batch_size=args.max_batch_size, chunk_tokens=args.chunk_tokens, seed=args.seed,
-        torch_threads=args.torch_threads,
+        torch_threads=args.torch_threads, version=args.weight_version,
     )  # fmt: skip
 
 

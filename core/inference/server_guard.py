@@ -15,6 +15,7 @@ from core.inference.hf_engine import HFEngine
 from core.inference.http_client import API_KEY_ENV
 from core.inference.validation import MAX_WEIGHT_VERSION, RequestError, RequestLimits
 from core.inference.weights import local_path
+from core.storage import is_local
 
 OPEN_PATHS = frozenset({"/health", "/health_generate"})  # no key needed: liveness probes
 
@@ -26,6 +27,9 @@ class ServerSettings:
     api_key: str | None
     weights_roots: tuple[Path, ...]
     limits: RequestLimits
+    weights_urls: tuple[
+        str, ...
+    ] = ()  # remote roots (s3://bucket/run/weights): fetched, then loaded
 
 
 SETTINGS_KEY = web.AppKey("settings", ServerSettings)
@@ -63,8 +67,8 @@ def clean_api_key(api_key: str | None) -> str | None:
 def weights_roots(
     model_dir: str | Path | None, extra: Iterable[str | Path] = ()
 ) -> tuple[Path, ...]:
-    """The folders weight updates may load from: ``model_dir``'s parent plus ``extra``."""
-    roots = [Path(r).expanduser().resolve() for r in extra]
+    """The folders weight updates may load from: ``model_dir``'s parent plus the local ``extra``."""
+    roots = [Path(r).expanduser().resolve() for r in extra if is_local(str(r))]
     if model_dir:
         roots.insert(0, Path(model_dir).expanduser().resolve().parent)
     return tuple(dict.fromkeys(roots))
@@ -87,7 +91,11 @@ def make_settings(
         max_new_tokens_cap=max_new_tokens_cap,
         stop_strings=getattr(engine, "tokenizer", None) is not None,
     )
-    return ServerSettings(clean_api_key(api_key), weights_roots(model_dir, weights_root), limits)
+    weights_root = list(weights_root)
+    urls = tuple(str(r).rstrip("/") for r in weights_root if not is_local(str(r)))
+    return ServerSettings(
+        clean_api_key(api_key), weights_roots(model_dir, weights_root), limits, urls
+    )
 
 
 @web.middleware
@@ -105,6 +113,22 @@ async def authenticate(
             {"error": {"message": message}}, status=401, headers={"WWW-Authenticate": "Bearer"}
         )
     return await handler(request)
+
+
+def allowed_weights_source(raw: str, settings: ServerSettings) -> Path | str:
+    """A local folder (as :func:`allowed_weights_path`) or a URL under a remote weight root:
+    a learner on another node without a shared disk publishes to ``s3://...``."""
+    if is_local(raw):
+        return allowed_weights_path(raw, settings.weights_roots)
+    if ".." in raw.split("/") or not any(
+        raw.rstrip("/").startswith(root + "/") for root in settings.weights_urls
+    ):
+        shown = ", ".join(settings.weights_urls) or "none"
+        raise RequestError(
+            "model_path",
+            f"{raw} is not under an allowed weight root URL ({shown}); add one with --weights-root",
+        )
+    return raw.rstrip("/")
 
 
 def allowed_weights_path(raw: str, roots: tuple[Path, ...]) -> Path:
@@ -126,8 +150,21 @@ def allowed_weights_path(raw: str, roots: tuple[Path, ...]) -> Path:
     return path
 
 
-def next_version(current: int, requested: int | None, path: Path, loaded: Path | None) -> int:
-    """The version an update gets: it must move forward (equal = a retry of the same folder)."""
+def next_version(
+    current: int,
+    requested: int | None,
+    path: Path | str | None,
+    loaded: Path | str | None,
+    reset: bool = False,
+) -> int:
+    """The version an update gets: it must move forward (equal = a retry of the same folder).
+
+    ``reset`` (a run starting or resuming: its first weights) accepts any given version.
+    """
+    if reset:
+        if requested is None:
+            raise RequestError("weight_version", "reset_version needs an explicit weight_version")
+        return requested
     if requested is None:
         requested = current + 1
         if requested > MAX_WEIGHT_VERSION:

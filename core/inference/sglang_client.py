@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 from core.inference.api import (
@@ -26,6 +27,7 @@ from core.inference.api import (
     WeightSource,
 )
 from core.inference.http_client import HTTPEngineClient
+from core.inference.validation import DEFAULT_GROUP_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -88,14 +90,15 @@ class SGLangClient(HTTPEngineClient):
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
         await self.wait_until_resumed()
-        url = self.urls[self.server_for(request.rid)]
         payload = {
             "input_ids": list(request.input_ids),
             "sampling_params": sglang_sampling(request.sampling),
             "return_logprob": True,
             "rid": request.rid,
         }
-        data = await self.request("POST", url + "/generate", payload)
+        data = await self.on_server(
+            request.rid, lambda url: self.request("POST", url + "/generate", payload)
+        )
         resp = parse_generate_response(data, self._version)
         if resp.stop_reason != "abort":
             self.release(request.rid)
@@ -110,8 +113,11 @@ class SGLangClient(HTTPEngineClient):
         await self.post_all("/continue_generation", {})
         self._set_paused(False)
 
-    async def update_weights(self, source: WeightSource, version: int) -> None:
-        """Every server loads ``source.path`` (a folder all servers can read) as ``version``."""
+    async def update_weights(
+        self, source: WeightSource, version: int, *, reset: bool = False
+    ) -> None:
+        """Every server loads ``source.path`` (a folder all servers can read) as ``version``;
+        ``reset``: whatever version it served before (our server otherwise only moves forward)."""
         if not self._paused:
             raise RuntimeError("update_weights needs a paused engine: call pause() first")
         if source.path is None:
@@ -121,12 +127,82 @@ class SGLangClient(HTTPEngineClient):
             "abort_all_requests": self.abort_on_update,
             "weight_version": str(version),
         }
+        if reset:  # our server's extension; SGLang ignores unknown fields and version order
+            payload["reset_version"] = True
         results = await self.post_all("/update_weights_from_disk", payload)
         failed = [r for r in results if not (isinstance(r, dict) and r.get("success"))]
         if failed:
             raise RuntimeError(f"weight update to version {version} failed: {failed}")
         self._version = version
         logger.info("%d server(s) now serve weight version %d", len(self.urls), version)
+
+    # ------------------------------------------------------------ weights by broadcast
+
+    async def init_weight_group(
+        self,
+        master_address: str,
+        master_port: int,
+        group_name: str = DEFAULT_GROUP_NAME,
+        backend: str = "nccl",
+    ) -> None:
+        """Server ``i`` joins ``group_name`` as rank ``1 + i`` of ``1 + n``; the caller joins as
+        rank 0 meanwhile (:func:`~core.inference.weight_broadcast.open_group`, which listens on
+        ``master_address:master_port``): each side's join returns once all have joined."""
+        body = {"master_address": master_address, "master_port": master_port,
+                "world_size": 1 + len(self.urls), "group_name": group_name, "backend": backend}  # fmt: skip
+        results = await asyncio.gather(
+            *(
+                self.request(
+                    "POST", url + "/init_weights_update_group", {**body, "rank_offset": 1 + i}
+                )
+                for i, url in enumerate(self.urls)
+            ),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+    async def update_weights_distributed(
+        self, metadata: dict[str, list], version: int, group_name: str = DEFAULT_GROUP_NAME
+    ) -> None:
+        """Every server receives the tensors ``metadata`` describes (``names``/``dtypes``/
+        ``shapes``, from :func:`~core.inference.weight_broadcast.tensor_metadata`) as
+        ``version``, while the caller broadcasts them in that order
+        (:func:`~core.inference.weight_broadcast.broadcast_tensors`). If this raises, the
+        caller's broadcast may wait for the group's timeout: close the group."""
+        if not self._paused:
+            raise RuntimeError("update_weights_distributed needs a paused engine: pause() first")
+        payload = {
+            **metadata,
+            "group_name": group_name,
+            "flush_cache": True,
+            "abort_all_requests": self.abort_on_update,
+            "weight_version": str(version),
+        }
+        results = await self.post_all("/update_weights_from_distributed", payload)
+        failed = [r for r in results if not (isinstance(r, dict) and r.get("success"))]
+        if failed:
+            raise RuntimeError(f"weight update to version {version} failed: {failed}")
+        self._version = version
+        logger.info("%d server(s) received weight version %d", len(self.urls), version)
+
+    async def destroy_weight_group(self, group_name: str = DEFAULT_GROUP_NAME) -> None:
+        await self.post_all("/destroy_weights_update_group", {"group_name": group_name})
+
+    async def serves(self, source: WeightSource, version: int) -> bool:
+        """Every server reports ``source.path`` as its model and ``version`` as its version."""
+        if source.path is None:
+            return False
+        infos = await asyncio.gather(
+            *(self.request("GET", u + "/get_model_info") for u in self.urls)
+        )
+        want = os.path.normpath(source.path)
+        return all(
+            _server_version(info) == version
+            and os.path.normpath(str(info.get("model_path", ""))) == want
+            for info in infos
+        )
 
     async def server_versions(self) -> list[int | None]:
         """Each server's weight version (``None`` where it is not an integer)."""

@@ -24,6 +24,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.processes import die_with
+
 logger = logging.getLogger(__name__)
 
 
@@ -136,16 +138,14 @@ class LaunchedServer:
         self.stop()
 
 
-def launch(
-    spec: SGLangLaunchSpec,
-    log_path: str | Path,
-    health_timeout_s: float = 600.0,
-    poll_s: float = 0.5,
+def start(
+    spec: SGLangLaunchSpec, log_path: str | Path, die_with_parent: bool = False
 ) -> LaunchedServer:
-    """Start the server, logging to ``log_path``; return once ``/health`` answers 200.
+    """Start the server process, logging to ``log_path``; do not wait for it (see
+    :func:`wait_healthy`), so several servers load their models at once.
 
-    Raises ``RuntimeError`` (with the log tail) if the process exits first, ``TimeoutError``
-    (after stopping it) if it is not healthy within ``health_timeout_s``.
+    ``die_with_parent``: the server gets SIGTERM when the *thread* that called this ends (Linux's
+    parent-death signal), so a run killed with ``kill -9`` does not leave its servers behind.
     """
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -155,20 +155,43 @@ def launch(
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env={**os.environ, **spec.env},
+            preexec_fn=die_with(os.getpid()) if die_with_parent else None,
         )  # fmt: skip
-    server = LaunchedServer(spec, proc, log_path)
-    deadline = time.monotonic() + health_timeout_s
+    return LaunchedServer(spec, proc, log_path)
+
+
+def wait_healthy(server: LaunchedServer, timeout_s: float = 600.0, poll_s: float = 0.5) -> None:
+    """Return once ``/health`` answers 200.
+
+    Raises ``RuntimeError`` (with the log tail) if the process exits first, ``TimeoutError``
+    (after stopping it) if it is not healthy within ``timeout_s``.
+    """
+    spec = server.spec
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not server.alive():
             raise RuntimeError(
-                f"server exited with code {proc.returncode} before it was healthy; "
-                f"log tail ({log_path}):\n{server.log_tail()}"
+                f"server exited with code {server.proc.returncode} before it was healthy; "
+                f"log tail ({server.log_path}):\n{server.log_tail()}"
             )
         if _healthy(spec.url, spec.api_key):
-            logger.info("server healthy at %s (pid %d)", spec.url, proc.pid)
-            return server
+            logger.info("server healthy at %s (pid %d)", spec.url, server.proc.pid)
+            return
         time.sleep(poll_s)
     server.stop(grace_s=10)
     raise TimeoutError(
-        f"server at {spec.url} not healthy after {health_timeout_s:.0f}s; log tail:\n{server.log_tail()}"
+        f"server at {spec.url} not healthy after {timeout_s:.0f}s; log tail:\n{server.log_tail()}"
     )
+
+
+def launch(
+    spec: SGLangLaunchSpec,
+    log_path: str | Path,
+    health_timeout_s: float = 600.0,
+    poll_s: float = 0.5,
+) -> LaunchedServer:
+    """Start the server, logging to ``log_path``; return once ``/health`` answers 200
+    (errors as :func:`wait_healthy`'s)."""
+    server = start(spec, log_path)
+    wait_healthy(server, health_timeout_s, poll_s)
+    return server

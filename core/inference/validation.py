@@ -29,6 +29,10 @@ Rules (each violation raises :class:`RequestError` naming the field; the server 
   integer or a string of digits in ``[0, MAX_WEIGHT_VERSION]`` (or null = current + 1). Where the
   path may point and which versions are accepted depends on server state (see
   :mod:`core.inference.server`).
+- Distributed weight update: ``rank_offset`` in ``[1, world_size)`` (rank 0 sends), ``backend``
+  gloo or nccl, ``group_name`` letters, digits and ``_.:-``; ``names`` distinct, with one
+  ``dtypes`` name (``WEIGHT_DTYPES``) and one ``shapes`` list each; ``load_format`` null. Whether
+  they fit the model is checked in :mod:`core.inference.weight_sync_endpoints`.
 """
 
 from __future__ import annotations
@@ -65,8 +69,24 @@ GENERATE_FIELDS = frozenset({"input_ids", "sampling_params", "return_logprob", "
 PAUSE_FIELDS = frozenset({"mode"})
 PAUSE_MODES = {"abort": "abort", "retract": "retract", "in_place": "retract"}
 # Our engine re-prefills a retracted request, which is what SGLang's "in_place" amounts to.
-UPDATE_FIELDS = frozenset({"model_path", "abort_all_requests", "weight_version"})
+UPDATE_FIELDS = frozenset({"model_path", "abort_all_requests", "weight_version", "reset_version"})
+GROUP_INIT_FIELDS = frozenset(
+    {"master_address", "master_port", "rank_offset", "world_size", "group_name", "backend"}
+)
+DISTRIBUTED_UPDATE_FIELDS = frozenset(
+    {"names", "dtypes", "shapes", "group_name", "flush_cache", "abort_all_requests",
+     "weight_version", "load_format"}
+)  # fmt: skip
+GROUP_DESTROY_FIELDS = frozenset({"group_name"})
+DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's
+GROUP_BACKENDS = ("gloo", "nccl")
+WEIGHT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
+MAX_GROUP_SIZE = 4096
+MAX_TENSORS = 100_000  # names in one update
+MAX_DIMS = 8
 _DIGITS = re.compile(r"[0-9]{1,10}")
+_GROUP_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+_HOST = re.compile(r"[A-Za-z0-9_.:\[\]-]{1,255}")
 
 
 class RequestError(ValueError):
@@ -114,6 +134,31 @@ class WeightUpdate:
     """A validated ``/update_weights_from_disk`` body."""
 
     model_path: str
+    abort_all_requests: bool
+    weight_version: int | None
+    reset_version: bool = False  # our extension: any weight_version (a run starts or resumes)
+
+
+@dataclass(frozen=True)
+class GroupInit:
+    """A validated ``/init_weights_update_group`` body (this server joins as ``rank_offset``)."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str
+    backend: str
+
+
+@dataclass(frozen=True)
+class DistributedUpdate:
+    """A validated ``/update_weights_from_distributed`` body (tensors in broadcast order)."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str
     abort_all_requests: bool
     weight_version: int | None
 
@@ -375,4 +420,89 @@ def parse_update(body: Any) -> WeightUpdate:
             body.get("abort_all_requests"), "abort_all_requests", False
         ),
         weight_version=parse_weight_version(body.get("weight_version")),
+        reset_version=_optional_bool(body.get("reset_version"), "reset_version", False),
     )
+
+
+# ---------------------------------------------------------------------- distributed weight update
+
+
+def _group_name(body: dict[str, Any]) -> str:
+    name = body.get("group_name", DEFAULT_GROUP_NAME)
+    if not isinstance(name, str) or not _GROUP_NAME.fullmatch(name):
+        raise RequestError("group_name", "must be 1-128 letters, digits or _ . : -")
+    return name
+
+
+def parse_group_init(body: Any) -> GroupInit:
+    """An ``/init_weights_update_group`` body -> where to join which group as which rank."""
+    body = _object(body, "body")
+    _no_unknown(body, GROUP_INIT_FIELDS, "")
+    address = body.get("master_address")
+    if not isinstance(address, str) or not _HOST.fullmatch(address):
+        raise RequestError("master_address", "must be a host name or IP address")
+    world_size = _int_in(body.get("world_size"), "world_size", 2, MAX_GROUP_SIZE)
+    backend = body.get("backend", "nccl")  # SGLang's default
+    if backend not in GROUP_BACKENDS:
+        raise RequestError("backend", f"must be one of {list(GROUP_BACKENDS)}")
+    return GroupInit(
+        master_address=address,
+        master_port=_int_in(body.get("master_port"), "master_port", 1, 65535),
+        rank_offset=_int_in(body.get("rank_offset"), "rank_offset", 1, world_size - 1),
+        world_size=world_size,
+        group_name=_group_name(body),
+        backend=backend,
+    )
+
+
+def _shape(value: Any, field: str) -> list[int]:
+    if not isinstance(value, list) or len(value) > MAX_DIMS:
+        raise RequestError(field, f"must be a list of at most {MAX_DIMS} dimensions")
+    return [_int_in(d, f"{field}[{i}]", 0, 2**40) for i, d in enumerate(value)]
+
+
+def _tensor_names(value: Any) -> list[str]:
+    if not isinstance(value, list) or not 0 < len(value) <= MAX_TENSORS:
+        raise RequestError("names", f"must be a list of 1 to {MAX_TENSORS} tensor names")
+    seen: set[str] = set()
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not 0 < len(name) <= 1024:
+            raise RequestError(f"names[{i}]", "must be a non-empty string of at most 1024 chars")
+        if name in seen:
+            raise RequestError(f"names[{i}]", f"{name!r} is given twice")
+        seen.add(name)
+    return value
+
+
+def parse_distributed_update(body: Any) -> DistributedUpdate:
+    """An ``/update_weights_from_distributed`` body -> the tensors to receive, in order."""
+    body = _object(body, "body")
+    _no_unknown(body, DISTRIBUTED_UPDATE_FIELDS, "")
+    names = _tensor_names(body.get("names"))
+    for field in ("dtypes", "shapes"):
+        value = body.get(field)
+        if not isinstance(value, list) or len(value) != len(names):
+            raise RequestError(field, f"must be a list with one entry per name ({len(names)})")
+    for i, dtype in enumerate(body["dtypes"]):
+        if not isinstance(dtype, str) or dtype not in WEIGHT_DTYPES:
+            raise RequestError(f"dtypes[{i}]", f"must be one of {sorted(WEIGHT_DTYPES)}")
+    if body.get("load_format") is not None:
+        raise RequestError("load_format", "only null (plain tensors) is supported")
+    _optional_bool(body.get("flush_cache"), "flush_cache", True)  # a load always flushes here
+    return DistributedUpdate(
+        names=names,
+        dtypes=body["dtypes"],
+        shapes=[_shape(s, f"shapes[{i}]") for i, s in enumerate(body["shapes"])],
+        group_name=_group_name(body),
+        abort_all_requests=_optional_bool(
+            body.get("abort_all_requests"), "abort_all_requests", False
+        ),
+        weight_version=parse_weight_version(body.get("weight_version")),
+    )
+
+
+def parse_group_destroy(body: Any) -> str:
+    """A ``/destroy_weights_update_group`` body -> the group's name."""
+    body = _object(body, "body")
+    _no_unknown(body, GROUP_DESTROY_FIELDS, "")
+    return _group_name(body)

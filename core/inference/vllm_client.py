@@ -104,9 +104,9 @@ class VLLMClient(HTTPEngineClient):
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
         await self.wait_until_resumed()
-        url = self.urls[self.server_for(request.rid)]
-        data = await self.request(
-            "POST", url + "/v1/completions", completions_payload(request, self.model_name)
+        payload = completions_payload(request, self.model_name)
+        data = await self.on_server(
+            request.rid, lambda url: self.request("POST", url + "/v1/completions", payload)
         )
         resp = parse_completion(data, self._version)
         if resp.stop_reason != "abort":
@@ -123,7 +123,10 @@ class VLLMClient(HTTPEngineClient):
             await self.post_all(self.resume_path, {})
         self._set_paused(False)
 
-    async def update_weights(self, source: WeightSource, version: int) -> None:
+    async def update_weights(
+        self, source: WeightSource, version: int, *, reset: bool = False
+    ) -> None:
+        """Every server loads ``source.path`` (vLLM keeps no version order: ``reset`` is moot)."""
         if not self._paused:
             raise RuntimeError("update_weights needs a paused engine: call pause() first")
         if source.path is None:

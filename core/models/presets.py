@@ -1,7 +1,8 @@
 """Named sizes of the Qwen2-architecture model we build from scratch for CPU runs.
 
 Measured on 2 CPU cores (see STACK-NOTES): ``tiny`` does SFT at ~5-6k tokens/s and learns
-1-2 step arithmetic word problems in a few minutes; ``small`` is for a laptop with patience.
+1-2 step arithmetic word problems in a few minutes; ``small`` is for a laptop with patience;
+``medium`` (~100 M) sizes weight-transfer benchmarks and is too slow to train on CPU.
 """
 
 from __future__ import annotations
@@ -40,6 +41,15 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
         num_attention_heads=6,
         num_key_value_heads=2,
         intermediate_size=1024,
+    ),
+    # ~97 M parameters with a 400-token vocabulary: a GPT-2-small-sized model, to measure what
+    # moving ~400 MB of float32 weights costs (experiments/benchmarks/weight_sync.py), not to train.
+    "medium": ModelPreset(
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        intermediate_size=2816,
     ),
 }
 

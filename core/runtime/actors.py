@@ -174,11 +174,14 @@ class RayActor:
         num_gpus: float = 0.0,
         env: dict[str, str] | None = None,
         name: str = "actor",
+        scheduling_strategy: Any = None,
         **kwargs: Any,
     ) -> None:
         import ray
 
         options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "name": None}
+        if scheduling_strategy is not None:  # e.g. a placement group's bundle
+            options["scheduling_strategy"] = scheduling_strategy
         if env:
             options["runtime_env"] = {"env_vars": env}
         self.name = name

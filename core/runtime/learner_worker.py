@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,13 @@ import torch
 
 from core.algorithms import AlgorithmConfig
 from core.config import Config
+from core.inference.weight_broadcast import (
+    broadcast_tensors,
+    close_group,
+    open_group,
+    tensor_metadata,
+)
+from core.storage import fetch_dir
 from core.training import (
     Learner,
     LoraSpec,
@@ -40,6 +48,7 @@ class LearnerWorker:
 
     def __init__(self, config: Config, model_dir: str, *, mode: str = "rl") -> None:
         torch.set_num_threads(max(1, config.scheduler.torch_threads))
+        model_dir = fetch_dir(model_dir)  # a URL on a node without the driver's disk
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if self.world_size > 1:
             init_distributed()
@@ -155,6 +164,33 @@ class LearnerWorker:
         barrier()
         return directory
 
+    # Weights by broadcast (rollout.weight_sync=distributed): rank 0 is rank 0 of a group with
+    # the inference servers; the other learner ranks only take part in gathering the state.
+    def open_weight_group(
+        self, master_address: str, master_port: int, world_size: int, name: str, backend: str
+    ) -> None:
+        """Rank 0 joins the servers' weight group (returns once they all have)."""
+        if is_main():
+            self._weight_group = open_group(
+                master_address, master_port, 0, world_size, name, backend
+            )
+
+    def weight_metadata(self) -> dict[str, list]:
+        """``names``/``dtypes``/``shapes`` of what :meth:`broadcast_weights` sends (collective)."""
+        return tensor_metadata(self.policy.serving_state_dict())
+
+    def broadcast_weights(self) -> None:
+        """The current policy to every server in the weight group (collective)."""
+        state = self.policy.serving_state_dict()
+        if is_main():
+            broadcast_tensors(self._weight_group, state.values())
+        barrier()
+
+    def close_weight_group(self) -> None:
+        group = getattr(self, "_weight_group", None)
+        if group is not None:
+            close_group(group)
+
     def save_checkpoint(self, url: str) -> None:
         self.policy.save_checkpoint(f"{url}/policy")
         if self.critic is not None:
@@ -170,10 +206,25 @@ class LearnerWorker:
         """The policy's version: how many updates it has taken."""
         return self.policy.version
 
+    def node_address(self) -> str:
+        """An address of this rank's node the servers can reach (loopback outside Ray)."""
+        import ray
+
+        return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+
+    def node_id(self) -> str:
+        """The Ray node this rank runs on (the host name outside Ray)."""
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_node_id()
+        return socket.gethostname()
+
     def is_main(self) -> bool:
         return is_main()
 
     def close(self) -> None:
+        self.close_weight_group()
         if self.world_size > 1 and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 

@@ -13,8 +13,10 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from core.config import Config
@@ -25,6 +27,13 @@ from core.training.distributed import free_port
 
 logger = logging.getLogger(__name__)
 
+PLACEMENT_TIMEOUT_S = 120.0
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# What a worker node imports of this checkout, shipped by Ray's runtime_env: a node needs only
+# the Python environment.
+PROJECT_MODULES = ("core", "tasks", "flows", "experiments")
+RESOURCE_SLIVER = 0.001  # of a node's custom resource: a placement label, not a quantity
+
 
 def ensure_ray(config: Config) -> None:
     """Connect to ``cluster.ray_address`` or start a local Ray sized for this run."""
@@ -33,8 +42,12 @@ def ensure_ray(config: Config) -> None:
     if ray.is_initialized():
         return
     with _keep_sigterm_handler():
-        if config.cluster.ray_address:
-            ray.init(address=config.cluster.ray_address, log_to_driver=False)
+        if config.cluster.ray_address:  # a running cluster: our code travels with the job
+            ray.init(
+                address=config.cluster.ray_address,
+                log_to_driver=False,
+                runtime_env={"py_modules": [str(PROJECT_ROOT / m) for m in PROJECT_MODULES]},
+            )
             return
         cpus = config.scheduler.rollout_cpus + config.scheduler.learner_cpus
         ray.init(
@@ -73,8 +86,10 @@ def start_rollout(
     *,
     version: int = 0,
     state: dict[str, Any] | None = None,
+    weights_url: str | None = None,
 ) -> Actor:
-    """The rollout worker (engine + executor) in its own process."""
+    """The rollout worker (engine + executor) in its own process (``weights_url``: see
+    :class:`~core.runtime.rollout_worker.RolloutWorker`)."""
     if config.scheduler.type == "ray":
         ensure_ray(config)
         gpus = 1.0 if config.cluster.n_gpus_per_node and config.rollout.engine == "hf" else 0.0
@@ -85,27 +100,96 @@ def start_rollout(
             train,
             version=version,
             state=state,
+            weights_url=weights_url,
             num_cpus=config.scheduler.rollout_cpus,
             num_gpus=gpus,
             name="rollout",
         )
     return ProcessActor(
-        RolloutWorker, config, model_dir, train, version=version, state=state, name="rollout"
-    )
+        RolloutWorker, config, model_dir, train, version=version, state=state,
+        weights_url=weights_url, name="rollout",
+    )  # fmt: skip
+
+
+def learner_bundles(config: Config) -> list[dict[str, float]]:
+    """One placement-group bundle per learner rank: its CPUs, GPU, and node label."""
+    s, n = config.scheduler, config.learner.n_ranks
+    bundle = {"CPU": s.learner_cpus / n}
+    if config.cluster.n_gpus_per_node:
+        bundle["GPU"] = 1.0
+    if s.learner_resource:
+        bundle[s.learner_resource] = RESOURCE_SLIVER
+    return [dict(bundle) for _ in range(n)]
+
+
+def _ray_learners(
+    config: Config, model_dir: str, mode: str, envs: list[dict[str, str]]
+) -> LearnerGroup:
+    """The ranks in a placement group (PACK, or SPREAD with scheduler.learner_spread) across
+    Ray nodes; the torch.distributed rendezvous on rank 0's node."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    ensure_ray(config)
+    strategy = "SPREAD" if config.scheduler.learner_spread else "PACK"
+    group = placement_group(learner_bundles(config), strategy=strategy)
+    try:
+        ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise RuntimeError(
+            f"Ray cannot place {config.learner.n_ranks} learner rank(s) "
+            f"{learner_bundles(config)[0]} ({strategy}) within {PLACEMENT_TIMEOUT_S:.0f}s: "
+            f"the cluster has {ray.cluster_resources()}"
+        ) from None
+    nodes = ray.util.placement_group_table(group)["bundles_to_node_id"]
+    master = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == nodes[0])
+    ranks = [
+        RayActor(
+            LearnerWorker, config, model_dir, mode=mode, env={**env, "MASTER_ADDR": master},
+            num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0.0), name=f"learner-{r}",
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r),
+        )
+        for r, (env, bundle) in enumerate(zip(envs, learner_bundles(config), strict=True))
+    ]  # fmt: skip
+    names = [f"{nodes[r]} (Ray)" for r in range(len(ranks))]
+    return LearnerGroup(ranks, on_close=lambda: remove_placement_group(group), nodes=names)
+
+
+class LearnerRankError(RuntimeError):
+    """A learner rank failed or died; the message names the rank and its node."""
 
 
 class LearnerGroup:
     """All ranks of the learner; each call goes to every rank and returns rank 0's result."""
 
-    def __init__(self, ranks: Sequence[Actor]) -> None:
+    def __init__(
+        self,
+        ranks: Sequence[Actor],
+        on_close: Callable[[], None] | None = None,
+        nodes: Sequence[str] | None = None,
+    ) -> None:
         self.ranks = list(ranks)
+        self.nodes = list(nodes or [socket.gethostname()] * len(self.ranks))  # for error messages
         self._in_flight: list[cf.Future] = []
+        self._on_close = on_close  # frees what placed the ranks (a Ray placement group)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``method`` on every rank; rank 0's result. The first rank to fail (or die) ends the
+        call with a :class:`LearnerRankError` naming it: the others may be stuck in a collective
+        with it."""
         # The ranks work on their own threads or processes: a signal that interrupts this wait
         # leaves the call running to completion (see wait_idle), never half-applied.
         self._in_flight = [rank.call_async(method, *args, **kwargs) for rank in self.ranks]
-        return [f.result() for f in self._in_flight][0]
+        cf.wait(self._in_flight, return_when=cf.FIRST_EXCEPTION)
+        for r, future in enumerate(self._in_flight):
+            if future.done() and future.exception() is not None:
+                raise LearnerRankError(
+                    f"learner rank {r} of {len(self.ranks)} (node {self.nodes[r]}) failed in "
+                    f"{method}(): {future.exception()}"
+                ) from future.exception()
+        return self._in_flight[0].result()
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait for the last call to finish on every rank; False if it is still running."""
@@ -115,6 +199,8 @@ class LearnerGroup:
     def close(self) -> None:
         for rank in self.ranks:
             rank.close()
+        if self._on_close is not None:
+            self._on_close()
 
 
 def start_learners(config: Config, model_dir: str, *, mode: str = "rl") -> LearnerGroup:
@@ -136,29 +222,7 @@ def start_learners(config: Config, model_dir: str, *, mode: str = "rl") -> Learn
         for r in range(n)
     ]
     if config.scheduler.type == "ray":
-        ensure_ray(config)
-        if n > 1 and config.cluster.n_nodes > 1:
-            raise NotImplementedError(
-                "multi-node learner groups need MASTER_ADDR of rank 0's node; "
-                "run one node per learner group for now"
-            )
-        gpus = 1.0 if config.cluster.n_gpus_per_node else 0.0
-        per_rank_cpus = config.scheduler.learner_cpus / n
-        return LearnerGroup(
-            [
-                RayActor(
-                    LearnerWorker,
-                    config,
-                    model_dir,
-                    mode=mode,
-                    env=env,
-                    num_cpus=per_rank_cpus,
-                    num_gpus=gpus,
-                    name=f"learner-{r}",
-                )
-                for r, env in enumerate(envs)
-            ]
-        )
+        return _ray_learners(config, model_dir, mode, envs)
     ranks = [
         ProcessActor(
             LearnerWorker, config, model_dir, mode=mode, env=env, name=f"learner-{r}", wait=False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Coroutine
@@ -24,6 +25,7 @@ from core.inference.api import InferenceEngine, WeightSource
 from core.models import load_tokenizer
 from core.rollout.api import Group, Workflow, derive_seed, workflow_class
 from core.rollout.executor import RolloutExecutor
+from core.storage import fetch_dir
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -35,8 +37,8 @@ def build_workflow(config: Config, tokenizer: Any) -> Workflow:
 
 
 def build_engine(config: Config, model_dir: str, version: int = 0) -> InferenceEngine:
-    """Our in-process engine holding ``model_dir`` as ``version``, or a client for running servers
-    (which the train loop brings to the current version by publishing weights to them)."""
+    """Our in-process engine holding ``model_dir`` as ``version``, or a client for servers (which
+    :class:`RolloutWorker` brings to ``model_dir`` at ``version`` before the first rollout)."""
     r = config.rollout
     if r.engine == "hf":
         from core.inference.hf_engine import HFEngine
@@ -49,10 +51,10 @@ def build_engine(config: Config, model_dir: str, version: int = 0) -> InferenceE
     if r.engine == "sglang":
         from core.inference.sglang_client import SGLangClient
 
-        return SGLangClient(list(r.server_addresses))
+        return SGLangClient(list(r.server_addresses), version=version)
     from core.inference.vllm_client import VLLMClient
 
-    return VLLMClient(list(r.server_addresses), model_name=config.model.path)
+    return VLLMClient(list(r.server_addresses), model_name=config.model.path, version=version)
 
 
 class RolloutWorker:
@@ -66,8 +68,12 @@ class RolloutWorker:
         *,
         version: int = 0,
         state: dict[str, Any] | None = None,
+        weights_url: str | None = None,
     ) -> None:
+        """``model_dir``: the starting policy (a local HF folder); servers are sent
+        ``weights_url`` instead where given (the same weights, at a URL every node can read)."""
         torch.set_num_threads(max(1, config.scheduler.torch_threads))
+        model_dir = fetch_dir(model_dir)  # a URL on a node without the driver's disk
         self.config = config
         self.tokenizer = load_tokenizer(config.model.tokenizer_path or model_dir)
         self.loader = ResumableDataLoader(
@@ -84,6 +90,9 @@ class RolloutWorker:
         )
         self._thread.start()
         self.engine = build_engine(config, model_dir, version)
+        if config.rollout.engine != "hf":  # servers serve the run's starting weights first
+            start = WeightSource(path=weights_url or model_dir)
+            self._run(self.engine.start_from(start, version))
         self.workflow = build_workflow(config, self.tokenizer)
         algo = config.algorithm
         group_filter = (lambda g: len(set(g.rewards)) > 1) if algo.dynamic_sampling else None
@@ -120,7 +129,37 @@ class RolloutWorker:
     def update_weights(self, path: str, version: int) -> float:
         """Pause submission → pause engine (in-flight requests abort) → load → resume. Seconds taken."""
         start = time.perf_counter()
-        self._run(self._update(WeightSource(path=path), version))
+        # Our engine reads local folders (a URL is fetched here, then dropped); servers fetch.
+        local = fetch_dir(path) if self.config.rollout.engine == "hf" else path
+        try:
+            self._run(self._update(WeightSource(path=local), version))
+        finally:
+            if local != path:
+                shutil.rmtree(local, ignore_errors=True)
+        return time.perf_counter() - start
+
+    def init_weight_group(
+        self, master_address: str, master_port: int, name: str, backend: str
+    ) -> None:
+        """The servers join the learner's weight group (rollout.weight_sync=distributed)."""
+        self._run(self.engine.init_weight_group(master_address, master_port, name, backend))
+
+    def restore_servers(self, addresses: list[str]) -> None:
+        """Route to these servers again: restarted, at the current version."""
+        self._call_soon(self.engine.restore, addresses)
+
+    def destroy_weight_group(self, name: str) -> None:
+        self._run(self.engine.destroy_weight_group(name))
+
+    def update_weights_distributed(
+        self, metadata: dict[str, list], version: int, name: str
+    ) -> float:
+        """As :meth:`update_weights`, the tensors coming by broadcast from the learner's rank 0
+        (which the driver starts at the same time). Seconds taken."""
+        start = time.perf_counter()
+        self._run(
+            self._swap(self.engine.update_weights_distributed(metadata, version, name), version)
+        )
         return time.perf_counter() - start
 
     def state_dict(self) -> dict[str, Any]:
@@ -138,6 +177,9 @@ class RolloutWorker:
     def close(self) -> None:
         self._run(self.executor.stop())
         for part in (self.workflow, self.engine):  # the workflow's verifier processes, the engine
+            aclose = getattr(part, "aclose", None)  # an HTTP client's session
+            if aclose is not None:
+                self._run(aclose())
             close = getattr(part, "close", None)
             if close is not None:
                 close()
@@ -152,9 +194,13 @@ class RolloutWorker:
         self._loop.call_soon_threadsafe(fn, *args)
 
     async def _update(self, source: WeightSource, version: int) -> None:
+        await self._swap(self.engine.update_weights(source, version), version)
+
+    async def _swap(self, load: Coroutine[Any, Any, None], version: int) -> None:
+        """Pause submission → pause engine (in-flight requests abort) → ``load`` → resume."""
         self.executor.pause()
         await self.engine.pause()
-        await self.engine.update_weights(source, version)
+        await load
         self.executor.set_version(version)
         await self.engine.resume()
         self.executor.resume()

@@ -33,9 +33,11 @@ from core.models import load_tokenizer
 from core.rollout.api import Group
 from core.runtime.advantages import with_advantages
 from core.runtime.checkpointing import CheckpointManager
+from core.runtime.fleet import ServerFleet, launch_fleet, launches_servers, with_servers
 from core.runtime.metrics import MetricSink
 from core.runtime.placement import LearnerGroup, start_learners, start_rollout
 from core.runtime.timeline import StepRecord, Timeline
+from core.runtime.weight_sync import BroadcastSync
 from core.storage import (
     download_dir,
     download_file,
@@ -43,7 +45,9 @@ from core.storage import (
     is_local,
     join,
     local_path,
+    remove_dir,
     upload_dir,
+    write_json,
 )
 from core.training import TrainBatch, collate
 
@@ -115,6 +119,13 @@ class Trainer:
         self.on_eval = on_eval
         self.ckpt = CheckpointManager(checkpoint_url(config), config.checkpoint.keep_last)
         self.publish_root = local_path(join(config.run_dir, "weights"))
+        # Servers and Ray nodes may share no disk with the driver: with a remote run folder the
+        # starting weights and each published version are uploaded under it and fetched there.
+        distributed = config.rollout.engine != "hf" or config.scheduler.type == "ray"
+        remote = distributed and not is_local(config.run_dir)
+        self.publish_url = join(config.run_dir, "weights") if remote else None
+        self._broadcast: BroadcastSync | None = None  # rollout.weight_sync=distributed
+        self._fleet: ServerFleet | None = None  # the servers this run launched
         self.pad_id = load_tokenizer(config.model.tokenizer_path or model_dir).pad_token_id
         self.evals: list[dict[str, Any]] = []
         self._started = time.perf_counter()
@@ -130,12 +141,33 @@ class Trainer:
         start, init_dir, rollout_state = self._recover()
         # The learner starts from the run's initial policy, which stays its KL reference; on
         # resume the checkpoint then restores the trained policy (and optimiser) over it.
-        learners = start_learners(cfg, self.model_dir)
-        rollout = None
+        learners = start_learners(cfg, self._share(self.model_dir, "start"))
+        rollout = fleet = broadcast = None
         try:
             if start:
                 learners.call("load_checkpoint", join(self.ckpt.path(start), "learner"))
-            rollout = start_rollout(cfg, init_dir, self.train, version=start, state=rollout_state)
+            rollout_cfg = cfg
+            start_url = self._upload(Path(init_dir), start)
+            if launches_servers(cfg):  # the run's own servers, from its starting weights
+                fleet = launch_fleet(
+                    cfg, start_url or init_dir, start,
+                    weights_roots=[self.publish_root, self.publish_url],
+                    log_dir=local_path(join(cfg.run_dir, "servers")),
+                )  # fmt: skip
+                rollout_cfg = with_servers(cfg, fleet.addresses)
+                self._fleet = fleet
+            if cfg.scheduler.type == "ray":
+                self._write_placement(learners, fleet)
+            rollout = start_rollout(
+                rollout_cfg, start_url or init_dir, self.train, version=start,
+                state=rollout_state, weights_url=start_url,
+            )  # fmt: skip
+            if cfg.rollout.weight_sync == "distributed":
+                backend = "nccl" if cfg.cluster.n_gpus_per_node else "gloo"
+                n_servers = len(rollout_cfg.rollout.server_addresses)
+                broadcast = BroadcastSync(learners, rollout, n_servers, backend)
+                broadcast.open()
+                self._broadcast = broadcast
             version = start
             if not self.evals:
                 self._evaluate(rollout, version)  # the starting point, same engine and settings
@@ -170,8 +202,12 @@ class Trainer:
             stats = rollout.call("stats")
             self._write_timeline()
         finally:
+            if broadcast is not None:
+                broadcast.close()
             if rollout is not None:
                 rollout.close()
+            if fleet is not None:
+                fleet.stop()
             learners.close()
         return RLResult(
             final_model_dir=final_dir,
@@ -193,6 +229,9 @@ class Trainer:
         t0 = time.perf_counter()
         groups: list[Group] = rollout.call("prepare_batch", cfg.rollout.stall_timeout_s)
         t_wait = time.perf_counter() - t0
+        # Before the update: the learner still holds the version a restarted server must serve,
+        # and the publish below must not meet a dead member of the weight group.
+        self._restart_dead_servers(learners, rollout, version=step)
         batch = to_batch(groups, self.pad_id)
         values = learners.call("compute_values", batch) if algo.use_critic else None
         ref = learners.call("compute_ref_logprobs", batch) if algo.kl_in_reward_coef > 0 else None
@@ -273,13 +312,65 @@ class Trainer:
     def _publish(self, learners: LearnerGroup, rollout: Any, version: int) -> float:
         """Export the new weights and swap them into the engine(s); returns seconds."""
         t0 = time.perf_counter()
+        if self._broadcast is not None:  # no folder: the servers receive the tensors
+            self._broadcast.publish(version)
+            return time.perf_counter() - t0
         directory = self.publish_root / f"v{version:06d}"
         learners.call("export", str(directory))
-        rollout.call("update_weights", str(directory), version)
+        rollout.call("update_weights", self._upload(directory, version) or str(directory), version)
         previous = self.publish_root / f"v{version - 1:06d}"
         if previous.exists():  # the engine has loaded the new folder; the old one is done
             shutil.rmtree(previous, ignore_errors=True)
+        if self.publish_url:
+            remove_dir(join(self.publish_url, f"v{version - 1:06d}"))
         return time.perf_counter() - t0
+
+    def _restart_dead_servers(self, learners: LearnerGroup, rollout: Any, version: int) -> None:
+        """Servers of this run that died are started again from the learner's current policy
+        (``version``) and rejoin. Meanwhile their requests went to the others (the client
+        resubmits them whole), so no episode is lost or counted twice."""
+        dead = self._fleet.dead() if self._fleet is not None else []
+        if not dead:
+            return
+        folder = self.publish_root / f"v{version:06d}"
+        if not folder.is_dir():
+            learners.call("export", str(folder))
+        source = self._upload(folder, version) or str(folder)
+        addresses = self._fleet.restart(dead, source, version)
+        if self._broadcast is not None:  # the group had a fixed membership: form it again
+            self._broadcast.close()
+            self._broadcast.open()
+            shutil.rmtree(folder, ignore_errors=True)  # no publish will replace this folder
+        rollout.call("restore_servers", addresses)
+        logger.warning("restarted inference server(s) %s at version %d", addresses, version)
+
+    def _write_placement(self, learners: LearnerGroup, fleet: ServerFleet | None) -> None:
+        """``placement.json``: the Ray node of each learner rank and server (for operators)."""
+        placement = {
+            "learners": [rank.call("node_id") for rank in learners.ranks],
+            "servers": fleet.placement if fleet is not None else [],
+        }
+        write_json(join(self.config.run_dir, "placement.json"), placement)
+        logger.info("placement: %s", placement)
+
+    def _share(self, directory: str, name: str) -> str:
+        """``directory``, or its copy under :attr:`publish_url` (uploaded once) for nodes without
+        the driver's disk."""
+        if self.publish_url is None:
+            return directory
+        url = join(self.publish_url, name)
+        if not exists(join(url, "config.json")):
+            upload_dir(directory, url)
+        return url
+
+    def _upload(self, directory: Path, version: int) -> str | None:
+        """``directory`` uploaded as ``version`` under :attr:`publish_url`, when servers fetch
+        weights from there; its URL (else None: they read local folders)."""
+        if self.publish_url is None:
+            return None
+        url = join(self.publish_url, f"v{version:06d}")
+        upload_dir(directory, url)
+        return url
 
     def _evaluate(self, rollout: Any, version: int) -> None:
         t0 = time.perf_counter()
@@ -399,8 +490,8 @@ class Trainer:
         version = int(recover["version"])
         logger.info("recover=auto: resuming from %s (version %d)", self.ckpt.path(step), version)
         self._truncate_batches(version)
-        # Our in-process engine loads the checkpoint's HF export at its version. Servers someone
-        # else started (rollout.server_addresses) are not sent these weights yet.
+        # The engine starts from the checkpoint's HF export at its version: ours loads it, the
+        # run's servers are launched from it, running servers are sent it (RolloutWorker).
         return version, str(hf_local), recover["rollout"]
 
     def _truncate_batches(self, start: int) -> None:

@@ -370,6 +370,14 @@ class Learner:
         state = checkpoint.full_state_dict(self.model)
         return merged_state_dict(state, self._scalings) if self.lora is not None else state
 
+    def serving_state_dict(self) -> dict[str, Tensor]:
+        """The tensors an inference engine loads, as :meth:`export_hf` writes them: merged LoRA,
+        the compute dtype, no ``lm_head.weight`` when tied (rank 0; ``{}`` elsewhere; collective)."""
+        state = self.full_state_dict()
+        if getattr(self.model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        return {k: v.detach().to(self.compute_dtype).contiguous() for k, v in state.items()}
+
     def export_hf(self, directory: str | Path, *, dtype: str | None = None) -> Path:
         """Write a ``from_pretrained`` folder (rank 0; collective) for the inference engines.
 

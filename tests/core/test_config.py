@@ -131,8 +131,13 @@ def test_value_checks_name_the_field() -> None:
         load_config(QUICKSTART, ["rollout.max_staleness=-1"])
     with pytest.raises(ConfigError, match="scheduler.type"):
         load_config(QUICKSTART, ["scheduler.type=kubernetes"])
-    with pytest.raises(ConfigError, match="rollout.engine='sglang' needs running servers"):
-        load_config(QUICKSTART, ["rollout.engine=sglang"])
+    with pytest.raises(ConfigError, match="rollout.engine='vllm' needs running servers"):
+        load_config(QUICKSTART, ["rollout.engine=vllm"])
+    with pytest.raises(ConfigError, match="rollout.n_servers must be > 0"):
+        load_config(QUICKSTART, ["rollout.engine=sglang", "rollout.n_servers=0"])
+    with pytest.raises(ConfigError, match="rollout.server_python='/nope/python'"):
+        load_config(QUICKSTART, ["rollout.engine=sglang", "rollout.server_python=/nope/python"])
+    assert load_config(QUICKSTART, ["rollout.engine=sglang"]).rollout.n_servers == 1
     sglang = ["rollout.engine=sglang", "rollout.server_addresses=[10.0.0.5:30000]"]
     assert load_config(GSM8K, sglang).rollout.server_addresses == ["10.0.0.5:30000"]
 

@@ -185,3 +185,31 @@ def test_learner_packing_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert by_layout["packed 2x"]["positions"] < by_layout["padded"]["positions"]
     assert all(r["tokens_per_s"] > 0 and 0 <= r["padding_share"] < 1 for r in rows)
     assert (tmp_path / "learner_packing.png").stat().st_size > 0
+
+
+def test_weight_sync_arguments_are_checked(capsys) -> None:
+    from experiments.benchmarks import weight_sync
+
+    for argv, message in [(["--modes", "disk,nfs"], "unknown ['nfs']"),
+                          (["--sizes", "huge"], "unknown ['huge']"),
+                          (["--servers", "0"], "--servers"), (["--repeats", "0"], "--repeats")]:  # fmt: skip
+        with pytest.raises(SystemExit):
+            weight_sync.parse_args(argv)
+        assert message in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_weight_sync_smoke(tmp_path: Path) -> None:
+    """One tiny server, by folder and by broadcast: every row timed, JSON and plot written."""
+    from experiments.benchmarks import weight_sync
+
+    result = weight_sync.main(["--sizes", "tiny", "--servers", "1", "--modes", "disk,distributed",
+                               "--repeats", "1", "--out", str(tmp_path)])  # fmt: skip
+    rows = json.loads((tmp_path / "weight_sync.json").read_text())["results"]
+    assert rows == result["results"]
+    assert [(r["mode"], r["servers"]) for r in rows] == [("disk", 1), ("distributed", 1)]
+    for row in rows:
+        assert row["seconds"] > 0 and row["min_s"] > 0 and len(row["times"]) == 1
+        assert row["state_bytes"] > 4e6 and row["mb_per_s"] > 0  # ~1 M float32 parameters
+    assert 0 < rows[0]["export_s"] < rows[0]["seconds"]
+    assert (tmp_path / "weight_sync.png").stat().st_size > 0

@@ -460,8 +460,18 @@ def test_weight_updates_only_from_allowed_roots(
     ok = _update(http, handle.url, {"model_path": f"file://{new_model_dir}"})
     assert ok.status_code == 200 and handle.engine.version == 1
 
-    extra = servers.start(model_dir=model_dir, weights_root=[outside_copy.parent])
+    extra = servers.start(
+        model_dir=model_dir, weights_root=[outside_copy.parent, "s3://bucket/run/weights"]
+    )
     assert _update(http, extra.url, {"model_path": str(outside_copy)}).status_code == 200
+    assert extra.engine.version == 1
+    # a URL root admits URLs under it only (the positive case: the S3 resume test in test_trainer)
+    for url in (
+        "s3://bucket/run/weightsX/v1",
+        "s3://bucket/other/v1",
+        "s3://bucket/run/weights/../x",
+    ):
+        assert_rejected(_update(http, extra.url, {"model_path": url}), "model_path")
     assert extra.engine.version == 1
 
 
@@ -494,6 +504,12 @@ def test_weight_versions_move_forward(servers, model_dir, new_model_dir, http) -
     assert retry.status_code == 200 and handle.engine.version == 3  # a retried update reloads
     assert _update(http, handle.url, {"model_path": path}).status_code == 200
     assert handle.engine.version == 4
+    # a run's first weights: any version, backwards included (our extension)
+    reset = {"model_path": str(model_dir), "weight_version": 1, "reset_version": True}
+    assert _update(http, handle.url, reset).status_code == 200 and handle.engine.version == 1
+    assert_rejected(_update(http, handle.url, {**reset, "weight_version": None}), "weight_version")
+    assert_rejected(_update(http, handle.url, {**reset, "reset_version": 1}), "reset_version")
+    assert handle.engine.version == 1
 
 
 # ---------------------------------------------------------------------- authentication

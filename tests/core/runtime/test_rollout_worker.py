@@ -6,6 +6,7 @@ the train loop will; the worker runs in this process and in a spawned subprocess
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,10 +42,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
     return root, train
 
 
-def config(eta: int):
+def config(eta: int, *overrides: str):
     return load_config(
         ROOT / "experiments" / "quickstart.yaml",
         [
+            *overrides,
             f"rollout.max_staleness={eta}",
             "rollout.batch_size=4",
             "algorithm.group_size=2",
@@ -120,3 +122,60 @@ def test_worker_in_subprocess_and_resume_state(setup) -> None:
     loader.load_state_dict(state["dataloader"])
     window = {s["id"] for s in loader.next_samples(16)}
     assert set(following) <= window and set(again) <= window
+
+
+def _teacher_forced(model_dir: Path, traj) -> list[float]:
+    """The log-probs ``model_dir`` gives the trajectory's generated tokens (temperature 1)."""
+    model = load_model(model_dir).eval()
+    ids = torch.tensor([traj.input_ids])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(ids).logits[0, :-1].float(), dim=-1)
+    picked = logprobs.gather(1, ids[0, 1:, None])[:, 0].tolist()
+    return [lp for lp, m in zip(picked, traj.loss_mask[1:]) if m]
+
+
+@pytest.mark.integration
+def test_running_server_gets_the_runs_starting_weights(setup, tmp_path: Path) -> None:
+    """A server someone else started (on the base weights) serves the run's starting weights
+    (v1 here, as after SFT) before the first rollout; a resumed run's worker brings it back from
+    a later version to the checkpoint's (v2 at version 2), which the forward-only version rule
+    otherwise refuses."""
+    import httpx
+
+    from core.inference.sglang_launcher import SGLangLaunchSpec, launch
+    from core.runtime.fleet import free_port
+
+    root, train = setup
+    spec = SGLangLaunchSpec(
+        str(root / "v0"), port=free_port(), module="core.inference.server",
+        python_executable=sys.executable, extra_args=["--torch-threads", "1"],
+    )  # fmt: skip
+    server = launch(spec, tmp_path / "server.log", health_timeout_s=120)
+    overrides = ["rollout.engine=sglang", f"rollout.server_addresses=[{server.address}]"]
+    cfg = config(0, *overrides)
+    try:
+        worker = InProcessActor(RolloutWorker, cfg, str(root / "v1"), train)
+        try:
+            info = httpx.get(server.url + "/get_model_info").json()
+            assert (info["model_path"], info["weight_version"]) == (str(root / "v1"), "0")
+            traj = worker.call("prepare_batch", 120)[0].trajectories[0]
+            worker.call("update_weights", str(root / "v4"), 4)
+        finally:
+            worker.close()
+        served = [lp for lp, m in zip(traj.logprobs, traj.loss_mask) if m]
+        assert served == pytest.approx(_teacher_forced(root / "v1", traj), abs=2e-4)
+        assert served != pytest.approx(_teacher_forced(root / "v0", traj), abs=2e-4)
+
+        resumed = InProcessActor(RolloutWorker, cfg, str(root / "v2"), train, version=2)
+        try:
+            info = httpx.get(server.url + "/get_model_info").json()
+            assert (info["model_path"], info["weight_version"]) == (str(root / "v2"), "2")
+            batch = resumed.call("prepare_batch", 120)
+        finally:
+            resumed.close()
+        versions = {
+            v for g in batch for t in g.trajectories for v, m in zip(t.versions, t.loss_mask) if m
+        }
+        assert versions == {2}
+    finally:
+        server.stop()

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,7 @@ import pytest
 from core.config import load_config
 from core.runtime.checkpointing import MARKER, CheckpointManager
 from core.runtime.job import run_experiment
+from tests.core.runtime.helpers import kill_a_server_after_the_first_step, servers_of
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
@@ -43,6 +48,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+# η=0 on our engine in the rollout worker. η=2 on two servers the run launches (SGLang's HTTP
+# protocol, our server); one of them is killed with kill -9 after the first step: the run
+# restarts it, its requests finish on the other, and no sample is lost or counted twice.
+ENGINES = {0: [], 2: ["rollout.engine=sglang", "rollout.n_servers=2"]}
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("eta", [0, 2])
 def test_rl_run_respects_staleness_and_publishes(tmp_path: Path, eta: int) -> None:
@@ -50,6 +61,7 @@ def test_rl_run_respects_staleness_and_publishes(tmp_path: Path, eta: int) -> No
         QUICKSTART,
         [
             *TINY,
+            *ENGINES[eta],
             f"cluster.fileroot={tmp_path}",
             "experiment.trial=t",
             f"rollout.max_staleness={eta}",
@@ -57,8 +69,26 @@ def test_rl_run_respects_staleness_and_publishes(tmp_path: Path, eta: int) -> No
             "eval.n_samples=2",
         ],
     )
-    summary = run_experiment(cfg)
     run_dir = tmp_path / "quickstart" / "t"
+    killed: list[int] = []
+    killer = threading.Thread(
+        target=kill_a_server_after_the_first_step, args=(run_dir, 2, killed), daemon=True
+    )
+    if ENGINES[eta]:
+        killer.start()
+    summary = run_experiment(cfg)
+    if ENGINES[eta]:
+        killer.join()
+        assert len(killed) == 1, "no server was killed mid-run"
+        assert not servers_of(run_dir)  # both stopped with the run
+        logs = [log.read_text() for log in sorted((run_dir / "servers").glob("server-*.log"))]
+        starts = sorted(len(re.findall(r"serving \S+ on http://", text)) for text in logs)
+        assert starts == [1, 2]  # the killed one was started again, on its address
+        for text in logs:  # and each server, the restarted one too, ended at version 4
+            assert "weights updated to version 4" in re.split(r"serving \S+ on http://", text)[-1]
+        assert [p.name for p in (run_dir / "weights").glob("v*")] == ["v000004"]
+        counters = summary["rollout"]
+        assert counters["consumed"] == 16 and counters["failed"] == 0
     # evals before and after RL, each with the task's metric and pass@k / mean@k
     evals = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "eval/accuracy" in m]
     assert [m["step"] for m in evals] == [0, 4]
@@ -188,20 +218,31 @@ def _cli(args: list[str], env: dict[str, str]) -> subprocess.Popen:
     exe = Path(sys.executable).parent / "asyncrl"
     # Its own process group: the kill below takes the whole job (workers, Prefect's temporary
     # server) down at once, as a crashed node would, and leaves nothing running.
-    return subprocess.Popen(
+    log = tempfile.TemporaryFile("w+")  # not a pipe: one nobody reads could fill and block it
+    proc = subprocess.Popen(
         [str(exe), "run", str(QUICKSTART), *args],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
         text=True,
         start_new_session=True,
     )
+    proc.log = log  # type: ignore[attr-defined]
+    return proc
 
 
-def _resume_case(fileroot: str, ckpt_dir: Any, env: dict[str, str], trial: str) -> str:
+def _stderr(proc: subprocess.Popen) -> str:
+    proc.log.seek(0)  # type: ignore[attr-defined]
+    return proc.log.read()  # type: ignore[attr-defined]
+
+
+def _resume_case(
+    fileroot: str, ckpt_dir: Any, env: dict[str, str], trial: str, extra: tuple[str, ...] = ()
+) -> str:
     """4 steps with a kill -9 after the step-2 checkpoint, then recover=auto; returns its log."""
     args = [
         *TINY,
+        *extra,
         f"cluster.fileroot={fileroot}",
         f"experiment.trial={trial}",
         "rollout.max_staleness=0",
@@ -212,14 +253,16 @@ def _resume_case(fileroot: str, ckpt_dir: Any, env: dict[str, str], trial: str) 
     first = _cli(args, env)
     deadline = time.monotonic() + 240
     while not ckpt_dir("step-000002"):
-        assert first.poll() is None, f"run ended before the kill: {first.stderr.read()[-3000:]}"
+        assert first.poll() is None, f"run ended before the kill: {_stderr(first)[-3000:]}"
         assert time.monotonic() < deadline, "no checkpoint in time"
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
+    if extra:  # the run's inference server died with it (parent-death signal), port released
+        _wait_closed(_server_ports(fileroot, trial))
     second = _cli([*args, "checkpoint.recover=auto"], env)
-    assert second.wait(timeout=300) == 0, second.stderr.read()[-3000:]
-    log = second.stderr.read()
+    assert second.wait(timeout=300) == 0, _stderr(second)[-3000:]
+    log = _stderr(second)
     assert "resuming from" in log
     assert "differs" not in log  # recover=auto does not change what the run computes
     return log
@@ -254,6 +297,28 @@ def test_kill_and_resume_local_matches_straight_run(tmp_path: Path) -> None:
     )  # only steps 2 and 3 ran after resuming
 
 
+def _server_ports(fileroot: str, trial: str) -> list[int]:
+    """The ports the run's launched servers logged (their logs stay local)."""
+    from core.storage import join, local_path
+
+    logs = local_path(join(fileroot, "quickstart", trial, "servers")).glob("server-*.log")
+    pattern = r"serving \S+ on http://127.0.0.1:(\d+)"
+    return [int(m[1]) for log in logs for m in re.finditer(pattern, log.read_text())]
+
+
+def _wait_closed(ports: list[int], timeout_s: float = 30.0) -> None:
+    assert ports
+    deadline = time.monotonic() + timeout_s
+    for port in ports:
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                break
+            assert time.monotonic() < deadline, f"a server still listens on {port}"
+            time.sleep(0.2)
+
+
 @pytest.mark.integration
 def test_kill_and_resume_on_s3(
     tmp_path: Path, s3_endpoint: str, s3_bucket: str, s3_storage_options: dict[str, Any]
@@ -274,9 +339,16 @@ def test_kill_and_resume_on_s3(
         fs.invalidate_cache()
         return fs.exists(f"{base}/{name}/{MARKER}")
 
-    _resume_case(f"s3://{s3_bucket}/runs", committed, env, "s3run")
+    # On servers the run launches, which get every version through S3 (no shared folder).
+    fileroot = f"s3://{s3_bucket}/runs"
+    _resume_case(fileroot, committed, env, "s3run", ("rollout.engine=sglang",))
     summary = json.loads(fs.cat(f"{s3_bucket}/runs/quickstart/s3run/summary.json"))
     assert summary["version"] == 4 and summary["steps"] == 2
+    _wait_closed(_server_ports(fileroot, "s3run"))
+    weights = f"{s3_bucket}/runs/quickstart/s3run/weights"
+    fs.invalidate_cache()
+    # the learner's initial policy (its KL reference, for any node) and the last version only
+    assert [p.rsplit("/", 1)[-1] for p in fs.ls(weights)] == ["start", "v000004"]
     assert fs.exists(f"{base}/step-000004/hf/model.safetensors")
     assert fs.exists(f"{base}/step-000004/learner/policy/.metadata")
     rows = [
@@ -287,37 +359,77 @@ def test_kill_and_resume_on_s3(
 
 
 @pytest.mark.integration
-def test_ray_placement_runs_rollout_and_two_learner_ranks(tmp_path: Path) -> None:
-    """scheduler.type=ray: the rollout worker and a 2-rank FSDP2 learner group as Ray actors."""
+def test_two_node_ray_cluster_places_servers_and_learners_apart(
+    tmp_path: Path,
+    s3_endpoint: str,
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A real two-node Ray cluster (two raylets: ray.cluster_utils) the run attaches to: two
+    inference servers it launches on the node labelled ``inference``, two FSDP2 learner ranks on
+    the node labelled ``training``, fileroot s3:// on moto; each version goes from the learner's
+    rank 0 to the servers by broadcast (SGLang's distributed update), nothing by shared disk."""
+    import fsspec
     import ray
+    from ray.cluster_utils import Cluster
 
+    from core.inference.http_client import API_KEY_ENV
+
+    # Ray's nodes, their workers and the servers inherit this process's environment.
+    for name, value in {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": s3_storage_options["key"],
+        "AWS_SECRET_ACCESS_KEY": s3_storage_options["secret"],
+        "AWS_DEFAULT_REGION": "us-east-1",
+        API_KEY_ENV: "two-node-test-key",
+    }.items():
+        monkeypatch.setenv(name, value)
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 3, "resources": {"inference": 1}, "include_dashboard": False},
+    )
+    cluster.add_node(num_cpus=2, resources={"training": 1})
     cfg = load_config(
         QUICKSTART,
         [
             *TINY,
-            f"cluster.fileroot={tmp_path}",
+            f"cluster.fileroot=s3://{s3_bucket}/runs",
             "experiment.trial=ray",
             "scheduler.type=ray",
+            f"cluster.ray_address={cluster.address}",
             "learner.n_ranks=2",
-            "scheduler.learner_cpus=1",
-            "scheduler.rollout_cpus=1",
+            "scheduler.learner_cpus=2",
+            "scheduler.learner_resource=training",
+            "rollout.engine=sglang",
+            "rollout.n_servers=2",
+            "rollout.weight_sync=distributed",
+            "scheduler.server_resource=inference",
             "rollout.max_staleness=1",
             "learner.total_steps=3",
         ],
     )
     try:
         summary = run_experiment(cfg)
-        assert ray.is_initialized()
+        labels = {n["NodeID"]: set(n["Resources"]) & {"inference", "training"} for n in ray.nodes()}
         deadline = time.monotonic() + 20  # ray.kill releases an actor's CPUs asynchronously
-        while (free := ray.available_resources()).get("CPU") != 2 and time.monotonic() < deadline:
+        while (free := ray.available_resources()).get("CPU") != 5 and time.monotonic() < deadline:
             time.sleep(0.2)
-        total = ray.cluster_resources()
     finally:
         ray.shutdown()
-    assert free.get("CPU") == total.get("CPU") == 2  # the three actors held CPUs and released them
+        cluster.shutdown()
+    assert free.get("CPU") == 5  # every actor and the placement group gave their CPUs back
     assert summary["version"] == 3 == summary["rollout"]["version"]
-    batches = read_jsonl(tmp_path / "quickstart" / "ray" / "batches.jsonl")
-    assert max(s for b in batches for s in b["staleness"]) <= 1
+    fs = fsspec.filesystem("s3", **s3_storage_options)
+    placement = json.loads(fs.cat(f"{s3_bucket}/runs/quickstart/ray/placement.json"))
+    assert [labels[node] for node in placement["learners"]] == [{"training"}] * 2
+    assert [labels[s["node_id"]] for s in placement["servers"]] == [{"inference"}] * 2
+    rows = [
+        json.loads(line)
+        for line in fs.cat(f"{s3_bucket}/runs/quickstart/ray/batches.jsonl").splitlines()
+    ]
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    assert max(s for row in rows for s in row["staleness"]) <= 1
 
 
 @pytest.mark.e2e
@@ -376,11 +488,19 @@ def test_resume_skips_a_corrupt_latest_checkpoint(
     assert (ckpt / "step-000002" / MARKER).exists()
     shard = next((ckpt / "step-000002" / "learner" / "policy").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:-64])  # an upload cut short
-    resumed = load_config(QUICKSTART, [*common, "learner.total_steps=3", "checkpoint.recover=auto"])
+    # resumed on a server the run launches: from the checkpoint's weights, at its version
+    resumed = load_config(
+        QUICKSTART,
+        [*common, "learner.total_steps=3", "checkpoint.recover=auto", "rollout.engine=sglang"],
+    )
     with caplog.at_level("INFO", logger="core.runtime.trainer"):
         summary = run_experiment(resumed)
     assert summary["steps"] == 2 and summary["version"] == 3  # steps 1 and 2 from version 1
+    log = (tmp_path / "quickstart" / "t" / "servers" / "server-0.log").read_text()
+    assert "step-000001" in log  # launched from checkpoint 1
     skipped = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
     assert len(skipped) == 1 and "step-000002" in skipped[0] and "truncated" in skipped[0]
     rows = read_jsonl(tmp_path / "quickstart" / "t" / "batches.jsonl")
     assert [row["step"] for row in rows] == [0, 1, 2]
+    # η=0 admits only tokens of the current version: the server served version 1 from the start
+    assert {s for row in rows for s in row["staleness"]} == {0}

@@ -1,0 +1,18 @@
+"""A stand-in learner rank for test_fleet: a real process that works, or dies mid-call (kept
+out of the test module so a spawned rank imports nothing heavy)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+class Rank:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def step(self) -> int:
+        if self.rank == 1:
+            os._exit(9)  # the process dies, as a rank killed by the OOM killer would
+        time.sleep(60)  # rank 0 would wait in a collective with the dead rank
+        return self.rank
