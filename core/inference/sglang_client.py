@@ -129,12 +129,7 @@ class SGLangClient(HTTPEngineClient):
         }
         if reset:  # our server's extension; SGLang ignores unknown fields and version order
             payload["reset_version"] = True
-        results = await self.post_all("/update_weights_from_disk", payload)
-        failed = [r for r in results if not (isinstance(r, dict) and r.get("success"))]
-        if failed:
-            raise RuntimeError(f"weight update to version {version} failed: {failed}")
-        self._version = version
-        logger.info("%d server(s) now serve weight version %d", len(self.urls), version)
+        await self._update_all("/update_weights_from_disk", payload, version)
 
     # ------------------------------------------------------------ weights by broadcast
 
@@ -180,12 +175,16 @@ class SGLangClient(HTTPEngineClient):
             "abort_all_requests": self.abort_on_update,
             "weight_version": str(version),
         }
-        results = await self.post_all("/update_weights_from_distributed", payload)
+        await self._update_all("/update_weights_from_distributed", payload, version)
+
+    async def _update_all(self, path: str, payload: dict[str, Any], version: int) -> None:
+        """POST a weight update to every live server; all must succeed for ``version``."""
+        results = await self.post_all(path, payload)
         failed = [r for r in results if not (isinstance(r, dict) and r.get("success"))]
         if failed:
             raise RuntimeError(f"weight update to version {version} failed: {failed}")
         self._version = version
-        logger.info("%d server(s) received weight version %d", len(self.urls), version)
+        logger.info("%d server(s) now serve weight version %d", len(results), version)
 
     async def destroy_weight_group(self, group_name: str = DEFAULT_GROUP_NAME) -> None:
         await self.post_all("/destroy_weights_update_group", {"group_name": group_name})

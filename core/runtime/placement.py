@@ -133,14 +133,15 @@ def _ray_learners(
 
     ensure_ray(config)
     strategy = "SPREAD" if config.scheduler.learner_spread else "PACK"
-    group = placement_group(learner_bundles(config), strategy=strategy)
+    bundles = learner_bundles(config)
+    group = placement_group(bundles, strategy=strategy)
     try:
         ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(group)
         raise RuntimeError(
             f"Ray cannot place {config.learner.n_ranks} learner rank(s) "
-            f"{learner_bundles(config)[0]} ({strategy}) within {PLACEMENT_TIMEOUT_S:.0f}s: "
+            f"{bundles[0]} ({strategy}) within {PLACEMENT_TIMEOUT_S:.0f}s: "
             f"the cluster has {ray.cluster_resources()}"
         ) from None
     nodes = ray.util.placement_group_table(group)["bundles_to_node_id"]
@@ -151,7 +152,7 @@ def _ray_learners(
             num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0.0), name=f"learner-{r}",
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=r),
         )
-        for r, (env, bundle) in enumerate(zip(envs, learner_bundles(config), strict=True))
+        for r, (env, bundle) in enumerate(zip(envs, bundles, strict=True))
     ]  # fmt: skip
     names = [f"{nodes[r]} (Ray)" for r in range(len(ranks))]
     return LearnerGroup(ranks, on_close=lambda: remove_placement_group(group), nodes=names)
