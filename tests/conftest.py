@@ -1,4 +1,5 @@
 """Shared fixtures. S3: a real moto server on a free local port, started once per session.
+Prefect: one real API server (Prefect's own test harness, on a fresh database) for the session.
 
 Nothing here sets environment variables or other global state: tests that talk to S3 pass
 the endpoint and the fake keys explicitly (``s3_storage_options``, ``s3_client``). The one
@@ -115,6 +116,35 @@ def s3_storage_options(s3_endpoint: str) -> dict[str, Any]:
         "key": S3_KEY,
         "secret": S3_SECRET,
     }
+
+
+@pytest.fixture(scope="session")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Prefect's test harness for the session (a real, temporary API server and database);
+    yields its API URL. Flows called in this process use it from the first test that asks for
+    it on; a CLI run in a subprocess uses it through :func:`prefect_env` instead of starting a
+    temporary server of its own (that start-up takes ~13 s on this box)."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    old = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED")}
+    os.environ.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    try:
+        with prefect_test_harness(server_startup_timeout=120):
+            yield str(PREFECT_API_URL.value())
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture
+def prefect_env(harness: str) -> dict[str, str]:
+    """Environment for an ``asyncrl`` subprocess that records its flow runs on the harness."""
+    return {**os.environ, "PREFECT_API_URL": harness}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -86,10 +86,13 @@ def run_setting(
     threads: int,
     parent_id: str,
     name: str,
+    extra: dict[str, Any] | None = None,
+    label: str = "",
 ) -> dict[str, Any]:
     """One RL run from the warm start (the experiment pipeline, no SFT); a nested MLflow run
-    gets its per-step metrics."""
-    trial = f"eta{eta}-t{threads}"
+    gets its per-step metrics. ``extra`` overrides more of the config for this run only, and
+    ``label`` (e.g. ``lat0.5-seed2``) tells such runs apart in their trial name."""
+    trial = f"eta{eta}-t{threads}" + (f"-{label}" if label else "")
     setting = {
         "rollout.max_staleness": eta,
         "scheduler.torch_threads": threads,
@@ -97,6 +100,7 @@ def run_setting(
         "checkpoint.every_n_steps": 0,
         "sft.enabled": False,
         "model.path": model_dir,
+        **(extra or {}),
     }
     cfg = source.resolve(setting, label=f"setting {trial}")
     memory = MemorySink()
@@ -108,7 +112,8 @@ def run_setting(
         n = max(s["steps"], 1)
         row = {
             "task": name,
-            "setting": trial,
+            "setting": f"eta{eta}-t{threads}",
+            "trial": trial,
             "eta": eta,
             "threads": threads,
             "steps": s["steps"],

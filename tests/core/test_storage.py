@@ -51,8 +51,8 @@ def test_a_silent_object_store_fails_with_logged_retries(silent_endpoint: str) -
         "AWS_ACCESS_KEY_ID": "k",
         "AWS_SECRET_ACCESS_KEY": "s",
         "AWS_DEFAULT_REGION": "us-east-1",
-        "ASYNCRL_STORAGE_CONNECT_TIMEOUT_S": "1",
-        "ASYNCRL_STORAGE_READ_TIMEOUT_S": "1",
+        "ASYNCRL_STORAGE_CONNECT_TIMEOUT_S": "0.5",
+        "ASYNCRL_STORAGE_READ_TIMEOUT_S": "0.5",
         "ASYNCRL_STORAGE_ATTEMPTS": "2",
     }
     script = (
@@ -70,7 +70,7 @@ def test_a_silent_object_store_fails_with_logged_retries(silent_endpoint: str) -
     assert done.stderr.count("Retrying core.storage.read_text") == 1, done.stderr[-2000:]
     assert "Read timeout on endpoint URL" in done.stderr
     assert "bucket/run/summary.json" in done.stderr
-    assert elapsed < 60  # s3fs's own 5 tries x 1 s per attempt, plus start-up
+    assert elapsed < 60  # s3fs's own 5 tries x 0.5 s per attempt, plus start-up
 
 
 def test_errors_about_the_object_are_not_retried(

@@ -8,6 +8,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from core.models import create_pretrained
+from experiments.benchmarks import agent_latency as agl
 from experiments.benchmarks import async_vs_sync as avs
 from experiments.benchmarks import orchestration_overhead as ovh
 from experiments.benchmarks import server_soak as soak
@@ -107,7 +109,7 @@ def test_async_vs_sync_runs_end_to_end(tmp_path: Path) -> None:
             "data.n_train=256",
             "data.n_test=32",
             "eval.n_problems=32",
-            "sft.steps=20",
+            "sft.steps=4",
             "learner.total_steps=3",
             "eval.every_n_steps=2",
             "rollout.batch_size=4",
@@ -213,3 +215,97 @@ def test_weight_sync_smoke(tmp_path: Path) -> None:
         assert row["state_bytes"] > 4e6 and row["mb_per_s"] > 0  # ~1 M float32 parameters
     assert 0 < rows[0]["export_s"] < rows[0]["seconds"]
     assert (tmp_path / "weight_sync.png").stat().st_size > 0
+
+
+def _agent_row(latency: str, eta: int, threads: int, seed: int, samples: float) -> dict:
+    return {
+        "latency": latency,
+        "setting": f"eta{eta}-t{threads}",
+        "eta": eta,
+        "threads": threads,
+        "seed": seed,
+        "steps": 3,
+        "samples_per_s": samples,
+        "accuracy_start": 0.0,
+        "accuracy_final": 0.1 * seed,
+        "learner_busy_fraction": 0.5,
+        "mean_staleness": eta / 2,
+        "max_staleness": eta,
+        "wall_s": 10.0,
+        "time_to_target_s": 5.0 * seed if seed > 1 else None,
+    }
+
+
+def test_agent_latency_settings_and_seed_statistics(capsys) -> None:
+    slow = agl.Latency.parse("2/20")
+    assert slow.label == "2/20" and slow.overrides() == {
+        "rollout.tool_latency_s": 2.0,
+        "rollout.tool_latency_p99_s": 20.0,
+        "rollout.tool_timeout_s": 20.0,  # cut off at the p99
+    }
+    assert agl.Latency.parse("none").overrides()["rollout.tool_timeout_s"] == 0.0
+    assert agl.Latency.parse("0.5").label == "0.5"
+    with pytest.raises(SystemExit):
+        agl.parse_args(["--latencies", "none,5/2"])
+    assert "'5/2' needs 0 <= MEDIAN <= P99" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        agl.parse_args(["--latencies", "slow"])
+    assert "'slow' is not none" in capsys.readouterr().err
+
+    rows = [
+        _agent_row(lat, eta, threads, seed, samples)
+        for lat, eta, threads, samples in [
+            ("none", 0, 1, 4.0),
+            ("none", 0, 2, 5.0),
+            ("none", 4, 1, 6.0),
+            ("2/20", 0, 1, 1.0),
+            ("2/20", 4, 1, 3.0),
+        ]
+        for seed in (1, 2, 3)
+    ]
+    rows[-1]["samples_per_s"] = 4.5  # seeds 1, 2, 3 of 2/20, η = 4: 3, 3, 4.5
+    entries = {(e["latency"], e["setting"]): e for e in agl.aggregate(rows)}
+    fast_sync, slow_async = entries["none", "eta0-t2"], entries["2/20", "eta4-t1"]
+    assert fast_sync["best_sync"] == "eta0-t2" and entries["none", "eta4-t1"][
+        "speedup_vs_best_sync"
+    ] == pytest.approx(6 / 5)
+    assert slow_async["samples_per_s"] == pytest.approx(3.5)
+    assert slow_async["samples_per_s_se"] == pytest.approx(0.8660254 / 3**0.5)
+    assert slow_async["speedup_vs_best_sync"] == pytest.approx(3.5)  # against 2/20's own sync
+    assert slow_async["accuracy_final"] == pytest.approx(0.2)
+    assert slow_async["target_hits"] == 2 and slow_async["time_to_target_s"] == pytest.approx(12.5)
+    assert agl.mean_se([2.0]) == (2.0, None)
+
+
+def test_agent_latency_runs_end_to_end(tmp_path: Path) -> None:
+    """Sync and η = 1 on the search agent at one long-tailed latency, one RL step each, from an
+    untrained chat model: the summary, JSON, plot and MLflow runs come out."""
+    corpus = [f"search open Answer: {w}" for w in ("Kasen", "Mira", "1942", "founder")]
+    model = create_pretrained("tiny", corpus, tmp_path / "model", vocab_size=300, seed=1, chat=True)
+    out = tmp_path / "out"
+    agl.main(
+        [
+            "--etas", "0,1", "--sync-threads", "1", "--seeds", "2", "--latencies", "0.05/0.2",
+            "--model", str(model), "--fileroot", str(tmp_path / "runs"), "--out", str(out),
+            "data.n_train=16", "data.n_test=4", "eval.n_problems=4", "eval.max_new_tokens=8",
+            "data.search_synthetic.corpus_size=40", "learner.total_steps=1",
+            "eval.every_n_steps=0", "rollout.batch_size=2", "algorithm.group_size=2",
+            "rollout.max_new_tokens=8", "rollout.max_turns=2",
+        ]
+    )  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    assert [(r["trial"], r["seed"], r["latency"]) for r in results["runs"]] == [
+        ("eta0-t1-lat0.05-0.2-seed2", 2, "0.05/0.2"),
+        ("eta1-t1-lat0.05-0.2-seed2", 2, "0.05/0.2"),
+    ]
+    assert all(r["steps"] == 1 and r["samples_per_s"] > 0 for r in results["runs"])
+    sync, asynchronous = results["summary"]
+    assert sync["seeds"] == [2] and sync["speedup_vs_best_sync"] == 1.0
+    assert sync["samples_per_s_se"] is None and asynchronous["max_staleness"] <= 1
+    assert (out / "agent_latency.png").stat().st_size > 0
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    children = client.search_runs(
+        [client.get_experiment_by_name("benchmarks").experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{results['mlflow_run_id']}'",
+    )
+    assert len(children) == 2

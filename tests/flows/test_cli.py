@@ -162,7 +162,7 @@ def test_line_progress_reports_every_interval_and_at_each_stage_end() -> None:
 
 
 @pytest.mark.e2e
-def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
+def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path: Path, harness: str) -> None:
     """`asyncrl run` with stderr piped (a log file, CI): no live bars, but a progress line per
     running stage every ASYNCRL_PROGRESS_INTERVAL_S and at its end. The run also takes its
     fileroot from ASYNCRL_FILEROOT, since the config leaves it at its default, and says so."""
@@ -174,7 +174,9 @@ def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
         text=True,
         timeout=300,
         cwd=tmp_path,
-        env=_env(ASYNCRL_FILEROOT=str(root), ASYNCRL_PROGRESS_INTERVAL_S="0.5"),
+        env=_env(
+            ASYNCRL_FILEROOT=str(root), ASYNCRL_PROGRESS_INTERVAL_S="0.5", PREFECT_API_URL=harness
+        ),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stderr.splitlines()

@@ -238,7 +238,9 @@ def test_bad_form_values_fail_naming_the_field() -> None:
 
 @pytest.mark.unit
 def test_deploy_to_a_work_pool_needs_a_prefect_server() -> None:
-    result = CliRunner().invoke(app, ["deploy", "--config", QUICKSTART, "--work-pool", "team"])
+    # No API URL, even where an earlier test started the session's Prefect harness.
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        result = CliRunner().invoke(app, ["deploy", "--config", QUICKSTART, "--work-pool", "team"])
     assert result.exit_code == 2
     assert "--work-pool needs PREFECT_API_URL" in result.output
 

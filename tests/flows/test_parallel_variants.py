@@ -26,7 +26,7 @@ from flows.parallel import (
 )
 from tasks.comparison_report import collect_runs, comparison_table
 from tasks.mlflow_tracking import ensure_experiment, tracking_uri
-from tests.flows.test_flows import QUICKSTART, TINY, client_for, harness  # noqa: F401 (a fixture)
+from tests.flows.test_flows import QUICKSTART, TINY, client_for
 from tests.processes import live_descendants
 
 

@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,17 +70,22 @@ def _terminate_when(
     exe = Path(sys.executable).parent / "asyncrl"
     env = {**os.environ, "COLUMNS": "200", "PREFECT_HOME": str(tmp_path / "prefect")}
     env.pop("PREFECT_API_URL", None)
+    log = tempfile.TemporaryFile("w+")  # not a pipe: one read only at the end could fill up
     proc = subprocess.Popen(
         [str(exe), "run", *options, QUICKSTART, *SMALL, *overrides,
          f"cluster.fileroot={tmp_path}", "experiment.trial=t"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        env=env, stdout=subprocess.DEVNULL, stderr=log, text=True, start_new_session=True,
     )  # fmt: skip
+
+    def stderr() -> str:
+        log.seek(0)
+        return log.read()
+
     metrics = tmp_path / "quickstart" / "t" / "metrics.jsonl"
     try:
         deadline = time.monotonic() + 240
         while True:
-            assert proc.poll() is None, f"run ended early: {proc.stderr.read()[-3000:]}"
+            assert proc.poll() is None, f"run ended early: {stderr()[-3000:]}"
             assert time.monotonic() < deadline, "the run never reached the stage"
             rows = metrics.read_text().splitlines() if metrics.exists() else []
             children = psutil.Process(proc.pid).children(recursive=True)
@@ -96,11 +102,12 @@ def _terminate_when(
             code = proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             pytest.fail("still running 120 s after SIGTERM")
-        return code, proc.stderr.read(), children, time.monotonic() - signalled
+        return code, stderr(), children, time.monotonic() - signalled
     finally:
         if proc.poll() is None:  # the test failed: leave nothing behind
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        log.close()
 
 
 def _assert_all_stopped(children: list[psutil.Process]) -> None:
@@ -132,9 +139,9 @@ def test_sigterm_during_sft_in_the_flow_stops_prefects_server(tmp_path: Path) ->
 
 def test_sigterm_during_rl_stops_the_rollout_worker_and_checkpoints(tmp_path: Path) -> None:
     overrides = ["sft.enabled=false", "learner.total_steps=500", "checkpoint.on_signal=true"]
-    # the rollout worker is a spawned multiprocessing child
+    # the rollout worker is a multiprocessing child, forked from the job's forkserver
     code, stderr, children, seconds = _terminate_when(
-        overrides, tmp_path, "reward/mean", "spawn_main", options=("--plain",)
+        overrides, tmp_path, "reward/mean", "multiprocessing.forkserver", options=("--plain",)
     )
     assert code == 143, stderr[-3000:]
     assert seconds < 30, f"exit (with the final checkpoint) took {seconds:.0f} s"

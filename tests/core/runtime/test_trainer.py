@@ -269,8 +269,10 @@ def _resume_case(
 
 
 @pytest.mark.e2e
-def test_kill_and_resume_local_matches_straight_run(tmp_path: Path) -> None:
-    env = {**os.environ, "COLUMNS": "200"}
+def test_kill_and_resume_local_matches_straight_run(
+    tmp_path: Path, prefect_env: dict[str, str]
+) -> None:
+    env = {**prefect_env, "COLUMNS": "200"}
     straight = load_config(
         QUICKSTART,
         [
@@ -321,12 +323,16 @@ def _wait_closed(ports: list[int], timeout_s: float = 30.0) -> None:
 
 @pytest.mark.integration
 def test_kill_and_resume_on_s3(
-    tmp_path: Path, s3_endpoint: str, s3_bucket: str, s3_storage_options: dict[str, Any]
+    tmp_path: Path,
+    s3_endpoint: str,
+    s3_bucket: str,
+    s3_storage_options: dict[str, Any],
+    prefect_env: dict[str, str],
 ) -> None:
     import fsspec
 
     env = {
-        **os.environ,
+        **prefect_env,
         "AWS_ENDPOINT_URL": s3_endpoint,
         "AWS_ACCESS_KEY_ID": s3_storage_options["key"],
         "AWS_SECRET_ACCESS_KEY": s3_storage_options["secret"],

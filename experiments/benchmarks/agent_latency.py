@@ -1,0 +1,333 @@
+"""Agent latency: sync vs async RL on the search agent as its tools get slower and long-tailed.
+
+    python experiments/benchmarks/agent_latency.py          # η ∈ {0,1,2,4,8} × 3 latencies × 3 seeds
+    asyncrl bench agent_latency --etas 0,4 --seeds 1 --latencies none,2/20 learner.total_steps=3
+
+The task is ``experiments/agent_search.yaml``: multi-hop questions over a generated
+encyclopedia, answered with ``search`` and ``open`` tools whose every call waits a latency drawn
+from a log-normal (``rollout.tool_latency_s`` its median, ``rollout.tool_latency_p99_s`` its
+99th percentile). A latency setting ``MEDIAN/P99`` (seconds) sets both and cuts a call off at
+the P99 (``rollout.tool_timeout_s``), so about 1% of calls come back as a timeout error the
+agent sees; ``none`` answers at once. A synchronous loop waits for the slowest episode of every
+batch, tool calls included; an asynchronous one keeps generating and training meanwhile, so its
+advantage should grow with the tail (the AReaL paper's argument for agents).
+
+One SFT warm start is trained (or given with ``--model``) and every run starts RL from it
+through the bare core loop, like ``async_vs_sync``. η = 0 runs with each of
+``--sync-threads`` torch threads; the one with the higher mean throughput is the baseline.
+
+Reported per latency and setting, as mean ± standard error over the seeds (``experiment.seed``
+varies the RL data order and sampling; the warm start is shared): trained samples/s and its
+ratio to the best sync setting at the same latency, held-out accuracy after the same number of
+RL steps, RL seconds to reach ``--target`` accuracy (eval pauses excluded; over the seeds that
+reached it), learner busy fraction, mean and max staleness.
+
+Writes ``results.json`` and ``agent_latency.png`` under ``--out`` and logs them, with one nested
+MLflow run per (setting, latency, seed), to the task config's tracking store
+(``{fileroot}/mlflow.db``, experiment ``benchmarks``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from rich.console import Console
+from rich.table import Table
+
+from core.config import parse_config
+from experiments.benchmarks._common import warm_start
+from experiments.benchmarks.async_vs_sync import TaskSpec, run_setting
+from tasks.mlflow_tracking import start_run
+
+CONFIG = "experiments/agent_search.yaml"
+
+
+@dataclass(frozen=True)
+class Latency:
+    """One tool-latency setting: the log-normal's median and p99 in seconds (0/0 = none)."""
+
+    median_s: float
+    p99_s: float
+
+    @classmethod
+    def parse(cls, text: str) -> Latency:
+        """``none``, ``MEDIAN`` (no tail) or ``MEDIAN/P99``."""
+        if text == "none":
+            return cls(0.0, 0.0)
+        median, _, p99 = text.partition("/")
+        try:
+            latency = cls(float(median), float(p99 or 0))
+        except ValueError:
+            raise ValueError(f"--latencies: {text!r} is not none, MEDIAN or MEDIAN/P99") from None
+        if latency.median_s < 0 or (latency.p99_s and latency.p99_s < latency.median_s):
+            raise ValueError(f"--latencies: {text!r} needs 0 <= MEDIAN <= P99")
+        return latency
+
+    @property
+    def label(self) -> str:
+        if not self.median_s:
+            return "none"
+        return f"{self.median_s:g}/{self.p99_s:g}" if self.p99_s else f"{self.median_s:g}"
+
+    def overrides(self) -> dict[str, float]:
+        """The rollout settings: a call is cut off at the p99 (none without a tail)."""
+        return {
+            "rollout.tool_latency_s": self.median_s,
+            "rollout.tool_latency_p99_s": self.p99_s,
+            "rollout.tool_timeout_s": self.p99_s,
+        }
+
+
+def mean_se(values: list[float]) -> tuple[float, float | None]:
+    """The mean and its standard error (sample stdev / sqrt n; None for one value)."""
+    if not values:
+        return math.nan, None
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, None
+    return mean, statistics.stdev(values) / math.sqrt(len(values))
+
+
+def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (latency, setting) over its seeds, with speed-ups against the best sync
+    setting (highest mean samples/s at η = 0) of the same latency."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["latency"], row["setting"]), []).append(row)
+    out = []
+    for (latency, setting), runs in groups.items():
+        entry: dict[str, Any] = {
+            "latency": latency,
+            "setting": setting,
+            "eta": runs[0]["eta"],
+            "threads": runs[0]["threads"],
+            "seeds": [r["seed"] for r in runs],
+            "steps": runs[0]["steps"],
+        }
+        for key in (
+            "samples_per_s",
+            "accuracy_start",
+            "accuracy_final",
+            "learner_busy_fraction",
+            "mean_staleness",
+            "wall_s",
+        ):
+            entry[key], entry[f"{key}_se"] = mean_se([r[key] for r in runs])
+        entry["max_staleness"] = max(r["max_staleness"] for r in runs)
+        hits = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
+        entry["target_hits"] = len(hits)
+        entry["time_to_target_s"], entry["time_to_target_s_se"] = (
+            mean_se(hits) if hits else (None, None)
+        )
+        out.append(entry)
+    for latency in {e["latency"] for e in out}:
+        same = [e for e in out if e["latency"] == latency]
+        syncs = [e for e in same if e["eta"] == 0]
+        sync = max(syncs, key=lambda e: e["samples_per_s"])
+        for entry in same:
+            entry["best_sync"] = sync["setting"]
+            entry["speedup_vs_best_sync"] = entry["samples_per_s"] / sync["samples_per_s"]
+    return out
+
+
+# ------------------------------------------------------------------------------ output
+def _pm(mean: float | None, se: float | None, fmt: str) -> str:
+    if mean is None or math.isnan(mean):
+        return "—"
+    return format(mean, fmt) + (f" ± {format(se, fmt)}" if se is not None else "")
+
+
+def print_table(entries: list[dict[str, Any]], target: float) -> None:
+    steps = entries[0]["steps"] if entries else 0
+    table = Table(title=f"search agent, {steps} RL steps per run: mean ± SE over seeds")
+    for col in (
+        "latency (median/p99 s)",
+        "setting",
+        "seeds",
+        "samples/s",
+        "× best sync",
+        "busy",
+        f"accuracy after {steps} steps",
+        f"RL s to {target:.2f} (hits)",
+        "staleness mean/max",
+    ):
+        table.add_column(col, justify="right")
+    for e in entries:
+        ttt = _pm(e["time_to_target_s"], e["time_to_target_s_se"], ".0f")
+        table.add_row(
+            e["latency"],
+            e["setting"],
+            str(len(e["seeds"])),
+            _pm(e["samples_per_s"], e["samples_per_s_se"], ".2f"),
+            f"{e['speedup_vs_best_sync']:.2f}",
+            _pm(e["learner_busy_fraction"], e["learner_busy_fraction_se"], ".2f"),
+            _pm(e["accuracy_final"], e["accuracy_final_se"], ".3f"),
+            f"{ttt} ({e['target_hits']}/{len(e['seeds'])})",
+            f"{e['mean_staleness']:.2f} / {e['max_staleness']:.0f}",
+        )
+    Console(width=170).print(table)
+
+
+def plot(entries: list[dict[str, Any]], path: Path) -> Path:
+    """Throughput (× best sync) and accuracy at equal steps vs η, one line per latency (the
+    best η = 0 setting stands for sync); error bars are standard errors."""
+    fig = Figure(figsize=(11, 4.2), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    speed, acc = fig.subplots(1, 2)
+    for i, latency in enumerate(dict.fromkeys(e["latency"] for e in entries)):
+        same = [e for e in entries if e["latency"] == latency]
+        best = {}
+        for e in sorted(same, key=lambda e: e["eta"]):
+            if e["eta"] not in best or e["samples_per_s"] > best[e["eta"]]["samples_per_s"]:
+                best[e["eta"]] = e
+        etas = list(best)
+        sync = best[0]["samples_per_s"]
+        speed.errorbar(
+            etas,
+            [best[x]["speedup_vs_best_sync"] for x in etas],
+            yerr=[(best[x]["samples_per_s_se"] or 0) / sync for x in etas],
+            marker="o",
+            capsize=3,
+            color=f"C{i}",
+            label=f"latency {latency}",
+        )
+        acc.errorbar(
+            etas,
+            [best[x]["accuracy_final"] for x in etas],
+            yerr=[best[x]["accuracy_final_se"] or 0 for x in etas],
+            marker="o",
+            capsize=3,
+            color=f"C{i}",
+            label=f"latency {latency}",
+        )
+    speed.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    speed.set(xlabel="staleness bound η", ylabel="samples/s ÷ best sync", title="throughput")
+    acc.set(xlabel="staleness bound η", ylabel="held-out accuracy", title="accuracy at equal steps")
+    for ax in (speed, acc):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.savefig(path)
+    return path
+
+
+# ------------------------------------------------------------------------------ main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--etas", default="0,1,2,4,8", help="staleness bounds; 0 = synchronous")
+    p.add_argument(
+        "--latencies",
+        default="none,0.5/5,2/20",
+        help="tool latency settings: none, MEDIAN or MEDIAN/P99 in seconds, comma-separated",
+    )
+    p.add_argument("--seeds", default="1,2,3", help="experiment.seed of the repeats")
+    p.add_argument("--sync-threads", default="1,2", help="torch threads tried for η = 0")
+    p.add_argument("--target", type=float, default=0.2, help="the time-to-accuracy target")
+    p.add_argument("--model", default=None, help="a warm-started HF folder (skips the SFT)")
+    p.add_argument("--fileroot", default="runs", help="cluster.fileroot of the runs (MLflow too)")
+    p.add_argument("--out", default="runs/benchmarks/agent_latency", help="JSON and plot")
+    p.add_argument("overrides", nargs="*", help="config overrides for every run (key=value)")
+    args = p.parse_args(argv)
+    try:
+        args.etas = [int(e) for e in args.etas.split(",")]
+        args.seeds = [int(s) for s in args.seeds.split(",")]
+        args.sync_threads = [int(t) for t in args.sync_threads.split(",")]
+        args.latencies = [Latency.parse(t) for t in args.latencies.split(",")]
+    except ValueError as e:
+        p.error(str(e))
+    if 0 not in args.etas:
+        p.error("--etas must include 0: the synchronous baseline")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    source = parse_config(
+        CONFIG,
+        [
+            *args.overrides,
+            f"cluster.fileroot={args.fileroot}",
+            "tracking.mlflow_experiment=benchmarks",
+        ],
+    )
+    # Every setting's config validates before any work starts.
+    for latency in args.latencies:
+        cfg = source.resolve(latency.overrides(), label=f"latency {latency.label}")
+    if cfg.learner.total_steps < 1:
+        raise SystemExit("learner.total_steps must be >= 1: the benchmark measures RL steps")
+    task = TaskSpec(CONFIG, cfg.learner.total_steps, cfg.eval.every_n_steps, args.target)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    with start_run(cfg, run_name=f"agent-latency-{stamp}", tags={"kind": "benchmark"}) as parent:
+        model_dir = args.model or warm_start(
+            source.resolve({"experiment.trial": "bench-data"}), "search"
+        )
+        rows = []
+        for latency in args.latencies:
+            for eta in args.etas:
+                for threads in args.sync_threads if eta == 0 else [1]:
+                    for seed in args.seeds:
+                        row = run_setting(
+                            task,
+                            source,
+                            model_dir,
+                            eta,
+                            threads,
+                            parent.info.run_id,
+                            "search",
+                            extra={**latency.overrides(), "experiment.seed": seed},
+                            label=f"lat{latency.label.replace('/', '-')}-seed{seed}",
+                        )
+                        row |= {"latency": latency.label, "seed": seed}
+                        rows.append(row)
+                        print(
+                            f"[latency {latency.label}] {row['trial']}: "
+                            f"{row['samples_per_s']:.2f} samples/s, busy "
+                            f"{row['learner_busy_fraction']:.2f}, accuracy "
+                            f"{row['accuracy_start']:.3f} → {row['accuracy_final']:.3f}",
+                            flush=True,
+                        )
+        entries = aggregate(rows)
+        results = out / "results.json"
+        results.write_text(
+            json.dumps(
+                {
+                    "config": CONFIG,
+                    "model": model_dir,
+                    "target_accuracy": args.target,
+                    "summary": entries,
+                    "runs": rows,
+                    "mlflow_run_id": parent.info.run_id,
+                },
+                indent=2,
+            )
+        )
+        client = mlflow.MlflowClient()
+        for path in (results, plot(entries, out / "agent_latency.png")):
+            client.log_artifact(parent.info.run_id, str(path))
+        mlflow.log_metrics(
+            {
+                f"lat{e['latency'].replace('/', '-')}/speedup_{e['setting']}": e[
+                    "speedup_vs_best_sync"
+                ]
+                for e in entries
+            }
+        )
+    print_table(entries, args.target)
+    print(f"results: {out} · MLflow run {parent.info.run_id}")
+
+
+if __name__ == "__main__":
+    main()
