@@ -99,7 +99,9 @@ class RolloutWorker:
         self.executor = self._run(self._make_executor(group_filter))
         if version or state:
             self.executor.recover(version, state.get("counters") if state else None)
-        self._call_soon(self.executor.start, self._next_sample)
+        # Rollouts start with the first batch asked for, not here: nothing is generated while
+        # the run's starting eval holds the clock (it would be work the throughput never timed).
+        self._started = False
 
     async def _make_executor(self, group_filter: Any) -> RolloutExecutor:
         c = self.config
@@ -123,7 +125,11 @@ class RolloutWorker:
 
     # ------------------------------------------------------------------ driver API
     def prepare_batch(self, timeout_s: float | None = None) -> list[Group]:
-        """Block until a batch of groups within the staleness bound is ready; take it."""
+        """Block until a batch of groups within the staleness bound is ready; take it. The
+        first call starts the rollouts."""
+        if not self._started:
+            self._started = True
+            self._call_soon(self.executor.start, self._next_sample)
         return self._run(self.executor.prepare_batch(timeout_s, self.config.rollout.stall_warn_s))
 
     def update_weights(self, path: str, version: int) -> float:
@@ -213,5 +219,13 @@ class RolloutWorker:
         return {"dataloader": loader_state, "counters": self.executor.counters.as_dict()}
 
     async def _evaluate(self, samples: list[dict]) -> dict[str, Any]:
-        settings = eval_settings(self.config)
-        return (await evaluate_workflow(self.engine, self.workflow, samples, **settings)).to_dict()
+        # No new rollouts start during an eval: the trainer leaves its time out of the RL clock,
+        # and rollouts made meanwhile would count as trained samples without their time.
+        # (Episodes already running go on; the engine serves both.)
+        self.executor.pause()
+        try:
+            settings = eval_settings(self.config)
+            result = await evaluate_workflow(self.engine, self.workflow, samples, **settings)
+        finally:
+            self.executor.resume()
+        return result.to_dict()

@@ -8,7 +8,7 @@ encyclopedia, answered with ``search`` and ``open`` tools whose every call waits
 from a log-normal (``rollout.tool_latency_s`` its median, ``rollout.tool_latency_p99_s`` its
 99th percentile). A latency setting ``MEDIAN/P99`` (seconds) sets both and cuts a call off at
 the P99 (``rollout.tool_timeout_s``), so about 1% of calls come back as a timeout error the
-agent sees; ``none`` answers at once. A synchronous loop waits for the slowest episode of every
+agent sees; ``none`` answers at once. Every setting's config is validated before any work. A synchronous loop waits for the slowest episode of every
 batch, tool calls included; an asynchronous one keeps generating and training meanwhile, so its
 advantage should grow with the tail (the AReaL paper's argument for agents).
 
@@ -81,12 +81,15 @@ class Latency:
         return f"{self.median_s:g}/{self.p99_s:g}" if self.p99_s else f"{self.median_s:g}"
 
     def overrides(self) -> dict[str, float]:
-        """The rollout settings: a call is cut off at the p99 (none without a tail)."""
-        return {
+        """The rollout settings: with a tail a call is cut off at the p99; without one the
+        config's ``rollout.tool_timeout_s`` stays (no call reaches it)."""
+        settings = {
             "rollout.tool_latency_s": self.median_s,
             "rollout.tool_latency_p99_s": self.p99_s,
-            "rollout.tool_timeout_s": self.p99_s,
         }
+        if self.p99_s:
+            settings["rollout.tool_timeout_s"] = self.p99_s
+        return settings
 
 
 def mean_se(values: list[float]) -> tuple[float, float | None]:

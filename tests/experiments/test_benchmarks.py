@@ -8,6 +8,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from core.config import ConfigError
 from core.models import create_pretrained
 from experiments.benchmarks import agent_latency as agl
 from experiments.benchmarks import async_vs_sync as avs
@@ -236,14 +237,17 @@ def _agent_row(latency: str, eta: int, threads: int, seed: int, samples: float) 
     }
 
 
-def test_agent_latency_settings_and_seed_statistics(capsys) -> None:
+def test_agent_latency_settings_and_seed_statistics(capsys, tmp_path: Path) -> None:
     slow = agl.Latency.parse("2/20")
     assert slow.label == "2/20" and slow.overrides() == {
         "rollout.tool_latency_s": 2.0,
         "rollout.tool_latency_p99_s": 20.0,
         "rollout.tool_timeout_s": 20.0,  # cut off at the p99
     }
-    assert agl.Latency.parse("none").overrides()["rollout.tool_timeout_s"] == 0.0
+    assert "rollout.tool_timeout_s" not in agl.Latency.parse("none").overrides()
+    with pytest.raises(ConfigError, match="rollout.tool_timeout_s must be > 0"):
+        agl.main(["--latencies", "2/20,none", "--out", str(tmp_path), "rollout.tool_timeout_s=0"])
+    assert not list(tmp_path.iterdir())  # the bad setting was found before any work
     assert agl.Latency.parse("0.5").label == "0.5"
     with pytest.raises(SystemExit):
         agl.parse_args(["--latencies", "none,5/2"])
