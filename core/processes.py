@@ -1,12 +1,14 @@
-"""Child processes that never outlive their parent (Linux's parent-death signal)."""
+"""Child processes that never outlive their parent (Linux's parent-death signal), and the
+environment a block's children inherit."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 _PR_SET_PDEATHSIG = 1
 
@@ -25,3 +27,19 @@ def die_with(parent: int) -> Callable[[], None] | None:
             os._exit(1)
 
     return arm
+
+
+@contextlib.contextmanager
+def environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set for the block (a child started in it inherits them),
+    then restored: a variable that was unset is removed again."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -19,7 +19,6 @@ run and its workers) and the first failure is raised; a child also stops if its 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import ctypes
 import dataclasses
 import logging
@@ -31,13 +30,14 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import FrameType, TracebackType
 from typing import Any
 
 import cloudpickle
 
 from core.config import Config
+from core.processes import environment
 from core.runtime.fleet import launches_servers
 from core.storage import exists, join
 
@@ -261,7 +261,7 @@ class VariantPool:
             # In the child's environment from its first line (its __main__ may load Prefect's
             # settings before our code runs): threads outside the flow's context (log shipping,
             # a progress reporter) must find this API too, not start a server of their own.
-            with _environment(PREFECT_API_URL=self._api_url):
+            with environment({"PREFECT_API_URL": self._api_url}):
                 process.start()
             self._live[job.name] = process
         child_conn.close()
@@ -363,21 +363,6 @@ def _prefect_context() -> tuple[str, dict[str, Any]]:
     api_url = str(get_client(sync_client=True).api_url)
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
         return api_url, serialize_context()
-
-
-@contextlib.contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    """Set environment variables for the block (a child started in it inherits them)."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _loads(blob: bytes | None) -> BaseException | None:

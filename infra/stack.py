@@ -29,6 +29,7 @@ Real deployments swap pieces, keeping the same environment variables:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,6 +269,27 @@ def _terminate(services: list[Service], grace_s: float = 15.0) -> None:
 # ------------------------------------------------------------------------------------------
 # Public API
 # ------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def local_s3(
+    log_dir: Path, bucket: str, port: int, timeout_s: float = 60.0
+) -> Iterator[dict[str, str]]:
+    """Just the stack's S3: a ``moto_server`` on ``port`` with ``bucket`` created, stopped when
+    the block ends. Yields the environment its clients need (endpoint, fake keys)."""
+    service = _spawn("s3", [_executable("moto_server"), "-H", HOST, "-p", str(port)], port,
+                     dict(os.environ), log_dir)  # fmt: skip
+    try:
+        _wait_healthy([service], timeout_s)
+        _create_bucket(service.url, bucket)
+        yield {
+            "AWS_ENDPOINT_URL": service.url,
+            "AWS_ACCESS_KEY_ID": FAKE_KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": FAKE_SECRET,
+            "AWS_DEFAULT_REGION": REGION,
+        }
+    finally:
+        _terminate([service])
 
 
 def stack_up(

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from core.processes import environment
 from core.training.distributed import free_port
 
 S3_KEY = "testing-key"
@@ -128,17 +129,9 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from prefect.testing.utilities import prefect_test_harness
 
     home = tmp_path_factory.mktemp("prefect-home")
-    old = {k: os.environ.get(k) for k in ("PREFECT_HOME", "PREFECT_SERVER_ANALYTICS_ENABLED")}
-    os.environ.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    try:
+    with environment({"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}):
         with prefect_test_harness(server_startup_timeout=120):
             yield str(PREFECT_API_URL.value())
-    finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture

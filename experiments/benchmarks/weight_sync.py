@@ -35,13 +35,9 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,9 +56,11 @@ from core.inference.weight_broadcast import (
     tensor_metadata,
 )
 from core.models import MODEL_PRESETS, create_pretrained, load_model
+from core.processes import environment
 from core.storage import join, remove_dir, upload_dir
 from core.training.checkpoint import export_hf
 from core.training.distributed import free_port
+from infra.stack import local_s3
 
 logger = logging.getLogger("weight_sync")
 
@@ -72,8 +70,6 @@ CORPUS = [
     for a in range(20)
     for b in range(20)
 ]
-S3_ENV = {"AWS_ACCESS_KEY_ID": "bench-key", "AWS_SECRET_ACCESS_KEY": "bench-secret",
-          "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
 BUCKET = "weight-sync-bench"
 START_TIMEOUT_S = 120.0
 
@@ -133,65 +129,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------ processes
-
-
-@contextlib.contextmanager
-def moto_s3(log_path: Path) -> Iterator[dict[str, str]]:
-    """A ``moto_server`` on a free local port with :data:`BUCKET` created; yields the
-    environment (endpoint and fake keys) that s3fs in this process and the servers read."""
-    moto = Path(sys.executable).parent / "moto_server"
-    if not moto.exists():
-        raise RuntimeError(f"moto_server not installed next to {sys.executable}")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)], stdout=log,
-                                stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        _wait_http(url + "/moto-api/", proc, log_path)
-        import boto3
-
-        boto3.client("s3", endpoint_url=url, aws_access_key_id=S3_ENV["AWS_ACCESS_KEY_ID"],
-                     aws_secret_access_key=S3_ENV["AWS_SECRET_ACCESS_KEY"],
-                     region_name=S3_ENV["AWS_DEFAULT_REGION"]).create_bucket(Bucket=BUCKET)  # fmt: skip
-        yield {**S3_ENV, "AWS_ENDPOINT_URL": url}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def _wait_http(url: str, proc: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited with {proc.returncode}: {log_path.read_text()}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except urllib.error.HTTPError:
-            return  # any HTTP answer: it is up
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer within {START_TIMEOUT_S:.0f}s")
-
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` with ``values`` set, restored afterwards."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def start_servers(
@@ -430,8 +367,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         s3_env: dict[str, str] = {}
         if "disk-s3" in args.modes:
-            s3_env = stack.enter_context(moto_s3(log_dir / "moto_server.log"))
-            stack.enter_context(_environ(s3_env))  # this process uploads with the same keys
+            s3_env = stack.enter_context(local_s3(log_dir, BUCKET, free_port()))
+            stack.enter_context(environment(s3_env))  # this process uploads with the same keys
         rows = [row for preset in args.sizes for row in measure_size(preset, args, work, s3_env,
                                                                      log_dir)]  # fmt: skip
     print_table(rows)
