@@ -98,7 +98,7 @@ def parse_config(
         layers.append((str(path), _read_yaml(Path(path))))
     file_layers = len(layers)
     if overrides:
-        layers.append(("command line", _parse_overrides(overrides)))
+        layers.append(("command line", parse_overrides(overrides)))
     for source, layer in layers:
         _check_keys(layer, Config, prefix="", source=source)
     return ConfigSource(layers, file_layers)
@@ -423,7 +423,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return typing.cast(dict[str, Any], OmegaConf.to_container(loaded))
 
 
-def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``["a.b=1", "algorithm=dapo"]`` → ``{"a": {"b": 1}, "algorithm": {"name": "dapo"}}``:
+    values typed as YAML reads them (``null``, ``1e-4``), keys not yet checked."""
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(

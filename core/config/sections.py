@@ -33,7 +33,9 @@ class ExperimentConfig:
         "timestamped one; an error if named trials make it ambiguous).",
     )
     seed: int = documented(
-        1, "Seed for data generation, model initialisation, sampling and shuffling."
+        1,
+        "Seed for model initialisation, sampling and shuffling, and for data generation unless "
+        "data.seed is set.",
     )
     description: str = documented("", "Free text recorded with the run.")
 
@@ -141,6 +143,11 @@ class DataConfig:
         "writing problems with tests, for core.rewards.code), 'search_synthetic' (multi-hop "
         "questions over a generated corpus, for the search agent), 'gsm8k', or 'dataset' (any "
         "tabular data: data.path and the column keys).",
+    )
+    seed: int | None = documented(
+        None,
+        "Seed of the generated problems (and of the corpus, the test_ratio split); None = "
+        "experiment.seed. Fix it to repeat RL over the same problems with other experiment seeds.",
     )
     gsm8k_path: str = documented(
         "bundled",
@@ -270,6 +277,13 @@ class RolloutConfig:
     batch_size: int = documented(16, "Prompts per training step (each sampled group_size times).")
     max_staleness: int = documented(
         4, "Staleness bound η: a sample may be at most η weight versions old; 0 = synchronous RL."
+    )
+    adaptive_staleness: bool = documented(
+        False,
+        "Run only as far ahead as the learner needs: rollouts are admitted under a working bound "
+        "that starts at 1, rises (up to max_staleness) after a step whose batch the learner had "
+        "to wait for, and falls after a step that found a whole spare batch ready. Data is never "
+        "older than max_staleness either way; off = always admit up to max_staleness.",
     )
     max_concurrent: int = documented(64, "Most episodes in flight at once.")
     max_new_tokens: int = documented(64, "Generation budget per completion.")

@@ -18,8 +18,9 @@ by the tool's real output, then ``Answer: <answer>``, the form ``exact_match`` s
 ``tools`` (the agent's own :data:`~core.agents.search_env.TOOLS`), so SFT prompts and tool
 results are token for token what the agent sees at rollout time.
 
-The corpus comes from the experiment seed and ``corpus_size``; train and test questions are
-drawn from separate streams over the same corpus, test questions never repeating train ones.
+The corpus comes from ``data.seed`` (else the experiment seed) and ``corpus_size``; train and
+test questions are drawn from separate streams over the same corpus, test questions never
+repeating train ones.
 """
 
 from __future__ import annotations

@@ -8,6 +8,13 @@ start only while
 
 (AReaL, arXiv 2505.24298, §4). η = 0 admits exactly one batch per version: synchronous RL.
 
+With ``adaptive_staleness`` the submission bound uses a working window ``w ≤ η`` in place of η
+(ours, not AReaL's). When generation outpaces the learner, admitting up to η only makes every
+batch η versions old at no gain in throughput: the learner never waits either way. So ``w``
+starts at 1 (the least that overlaps generation with training), grows by one after a batch the
+learner had to wait for, and shrinks by one after a batch that found a whole spare batch ready.
+The η filter on consumed groups is unchanged.
+
 Counter rules, after the bugs in AReaL's own tracker: a rejected or failed group leaves
 ``running`` and never enters ``accepted`` (#567: otherwise ``prepare_batch`` stalls); a group
 found too stale when the batch is cut is dropped and leaves ``accepted`` too; after recovery
@@ -54,6 +61,7 @@ class RolloutCounters:
     filtered_in_a_row: int = 0  # groups refused by the filter since the last accepted one
     failed: int = 0  # groups whose workflow raised
     dropped_stale: int = 0  # groups older than η when the batch was cut
+    window: int = 0  # the submission bound in use (η, or adaptive_staleness's working window)
     episodes_failed: int = 0
     staleness: Counter = field(default_factory=Counter)  # consumed groups by staleness
 
@@ -80,6 +88,7 @@ class RolloutExecutor:
         min_episodes_for_failure_rate: int = 16,
         group_filter: GroupFilter | None = None,
         max_filtered_in_a_row: int = 256,
+        adaptive_staleness: bool = False,
     ) -> None:
         if batch_size <= 0 or group_size <= 0:
             raise ValueError("rollout.batch_size and algorithm.group_size must be > 0")
@@ -96,8 +105,12 @@ class RolloutExecutor:
         self.min_episodes_for_failure_rate = min_episodes_for_failure_rate
         self.group_filter = group_filter
         self.max_filtered_in_a_row = max_filtered_in_a_row
-        self.counters = RolloutCounters()
+        self.adaptive_staleness = adaptive_staleness
+        self.counters = RolloutCounters(
+            window=min(1, max_staleness) if adaptive_staleness else max_staleness
+        )
         self.version = 0  # the learner's version, as last published
+        self._first_cut = True  # the next batch is the first of this run (or since recovery)
         self._ready: list[Group] = []
         self._tasks: dict[asyncio.Task, dict[str, Any]] = {}  # in-flight group -> its sample
         self._paused = False
@@ -115,9 +128,7 @@ class RolloutExecutor:
         if self._paused:
             return 0
         c = self.counters
-        by_staleness = (self.max_staleness + self.version + 1) * self.batch_size - (
-            c.accepted + c.running
-        )
+        by_staleness = (c.window + self.version + 1) * self.batch_size - (c.accepted + c.running)
         return max(0, min(self.max_concurrent_groups - c.running, by_staleness))
 
     # ---------------------------------------------------------------- lifecycle
@@ -161,6 +172,9 @@ class RolloutExecutor:
                 elif hasattr(self.counters, key):
                     setattr(self.counters, key, value)
         self.counters.running = 0
+        low = min(1, self.max_staleness) if self.adaptive_staleness else self.max_staleness
+        self.counters.window = min(max(self.counters.window, low), self.max_staleness)
+        self._first_cut = True
         self.counters.accepted = version * self.batch_size
         self.counters.consumed = version * self.batch_size
         self._ready.clear()
@@ -182,10 +196,12 @@ class RolloutExecutor:
         started = time.monotonic()
         deadline = None if timeout_s is None else started + timeout_s
         next_warning = None if warn_every_s is None else started + warn_every_s
+        waited = False
         while True:
             self._raise_if_failed()
             self._drop_stale()
             if len(self._ready) >= self.batch_size:
+                self._adapt_window(waited, spare=len(self._ready) - self.batch_size)
                 self._ready.sort(key=lambda g: g.oldest_version)
                 batch, self._ready = self._ready[: self.batch_size], self._ready[self.batch_size :]
                 for group in batch:
@@ -206,7 +222,24 @@ class RolloutExecutor:
                 logger.warning("no batch for %.0f s: %s", now - started, self.waiting_for())
                 next_warning = now + warn_every_s
             wake = min((t for t in (deadline, next_warning) if t is not None), default=None)
+            waited = True
             await self._wait_for_change(None if wake is None else max(0.0, wake - now))
+
+    def _adapt_window(self, waited: bool, spare: int) -> None:
+        """adaptive_staleness: one step wider after a wait, one narrower after a spare batch.
+        The first batch of a run (or after recovery) always waits and is not counted."""
+        c = self.counters
+        first, self._first_cut = self._first_cut, False
+        if not self.adaptive_staleness or first:
+            return
+        if waited and c.window < self.max_staleness:
+            c.window += 1
+        elif not waited and spare >= self.batch_size and c.window > min(1, self.max_staleness):
+            c.window -= 1
+        else:
+            return
+        logger.info("adaptive staleness: window %d of η=%d", c.window, self.max_staleness)
+        self._poke()
 
     def waiting_for(self) -> str:
         """What a waiting ``prepare_batch`` waits for, in one line (for stall logs and errors)."""
@@ -214,7 +247,8 @@ class RolloutExecutor:
         return (
             f"{len(self._ready)}/{self.batch_size} groups ready, {c.running} running "
             f"(capacity {self.capacity()}, paused={self._paused}), learner version "
-            f"{self.version}, engine version {self.engine.version}, η={self.max_staleness}; "
+            f"{self.version}, engine version {self.engine.version}, η={self.max_staleness} "
+            f"(window {c.window}); "
             f"so far {c.submitted} submitted, {c.accepted} accepted, {c.rejected} rejected "
             f"({c.filtered} by the group filter, {c.filtered_in_a_row} in a row), "
             f"{c.failed} failed, {c.dropped_stale} dropped as stale"

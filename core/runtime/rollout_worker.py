@@ -108,6 +108,7 @@ class RolloutWorker:
         return RolloutExecutor(
             self.engine, self.workflow, batch_size=c.rollout.batch_size, group_size=c.algorithm.group_size,
             max_staleness=c.rollout.max_staleness, max_concurrent=c.rollout.max_concurrent,
+            adaptive_staleness=c.rollout.adaptive_staleness,
             max_failure_rate=c.rollout.max_failure_rate, group_filter=group_filter,
             max_filtered_in_a_row=c.rollout.max_filtered_in_a_row,
         )  # fmt: skip

@@ -65,9 +65,14 @@ class PreparedData:
     notes: dict[str, Any] = field(default_factory=dict)  # what preparation dropped, and why
 
 
+def data_seed(config: Config) -> int:
+    """The seed the problems are generated (or split) with: ``data.seed``, else the experiment's."""
+    return config.experiment.seed if config.data.seed is None else config.data.seed
+
+
 def data_cache_url(config: Config) -> str:
     """``{fileroot}/_cache/data/<hash of the data section>-<seed>``: data depends on nothing else."""
-    key = f"{config_hash(config, ('data',))}-{config.experiment.seed}"
+    key = f"{config_hash(config, ('data',))}-{data_seed(config)}"
     return join(config.cluster.fileroot, "_cache", "data", key)
 
 
@@ -86,16 +91,13 @@ def prepare_data(config: Config) -> PreparedData:
         notes = json.loads(read_text(notes_url)) if exists(notes_url) else {}
         train, test = read_jsonl(train_url), read_jsonl(test_url)
         return PreparedData(train, test, train_url, test_url, True, notes)
-    data = config.data
+    data, seed = config.data, data_seed(config)
     notes: dict[str, Any] = {}
     if data.source == "synthetic":
-        seed = config.experiment.seed
         train, test = generate_splits(data.synthetic, data.n_train, data.n_test, seed)
     elif data.source == "code_synthetic":
-        seed = config.experiment.seed
         train, test = generate_code_splits(data.code_synthetic, data.n_train, data.n_test, seed)
     elif data.source == "search_synthetic":
-        seed = config.experiment.seed
         spec = data.search_synthetic
         train, test = generate_search_splits(spec, data.n_train, data.n_test, seed)
     elif data.source == "gsm8k":
@@ -128,7 +130,7 @@ def load_dataset_splits(config: Config) -> tuple[list[dict], list[dict], dict[st
 
     train = samples(data.path, data.train_split)
     if data.test_ratio > 0:
-        train, test = split_by_ratio(train, data.test_ratio, config.experiment.seed)
+        train, test = split_by_ratio(train, data.test_ratio, data_seed(config))
     else:
         test = samples(data.test_path or data.path, data.test_split)
     train, overlap = remove_test_questions(train, test)

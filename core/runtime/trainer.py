@@ -245,6 +245,11 @@ class Trainer:
         publish_s = self._publish(learners, rollout, version)
         wall = time.perf_counter() - t0
         staleness = [step - g.oldest_version for g in groups]
+        trajectories = [t for g in groups for t in g.trajectories]
+        interrupted = sum(1 for t in trajectories if t.metadata.get("n_resumes", 0) > 0)
+        token_versions = [
+            v for t in trajectories for v, m in zip(t.versions, t.loss_mask, strict=True) if m
+        ]
         n_tokens = int(batch.loss_mask.sum())
         totals["samples"] += len(batch)
         totals["tokens"] += n_tokens
@@ -258,6 +263,11 @@ class Trainer:
             "reward/accuracy": float((rewards > 0.5).float().mean()),
             "staleness/mean": float(np.mean(staleness)),
             "staleness/max": float(max(staleness)),
+            # per generated token (a trajectory resumed after an update mixes versions)
+            "staleness/token_mean": step - float(np.mean(token_versions))
+            if token_versions
+            else 0.0,
+            "staleness/interrupted_frac": interrupted / len(trajectories),
             "throughput/samples_per_s": len(batch) / wall,
             "throughput/tokens_per_s": n_tokens / wall,
             "time/wait_rollout_s": t_wait,
@@ -273,9 +283,6 @@ class Trainer:
             metrics["reward/kl_in_reward"] = float(masked_mean(kl, batch.loss_mask))
         self.sink.log_metrics(metrics, step)
         self._log_batch(step, version, groups, staleness)
-        interrupted = sum(
-            1 for g in groups for t in g.trajectories if t.metadata.get("n_resumes", 0) > 0
-        )
         self.timeline.steps.append(
             StepRecord(step, version, t0 - self._started, t_wait, t_train, publish_s,
                        float(np.mean(staleness)), int(max(staleness)), interrupted, len(batch))

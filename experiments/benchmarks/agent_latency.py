@@ -17,9 +17,9 @@ through the bare core loop, like ``async_vs_sync``. η = 0 runs with each of
 ``--sync-threads`` torch threads; the one with the higher mean throughput is the baseline.
 
 Reported per latency and setting, as mean ± standard error over the seeds (``experiment.seed``
-varies the RL data order and sampling; the warm start is shared): trained samples/s and its
-ratio to the best sync setting at the same latency, held-out accuracy after the same number of
-RL steps, RL seconds to reach ``--target`` accuracy (eval pauses excluded; over the seeds that
+varies the RL data order and sampling; the warm start, corpus and questions are shared):
+trained samples/s and its ratio to the best sync setting at the same latency, held-out accuracy
+after the same number of RL steps, RL seconds to reach ``--target`` accuracy (eval pauses excluded; over the seeds that
 reached it), learner busy fraction, mean and max staleness.
 
 Writes ``results.json`` and ``agent_latency.png`` under ``--out`` and logs them, with one nested
@@ -30,10 +30,7 @@ MLflow run per (setting, latency, seed), to the task config's tracking store
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import math
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,8 +42,16 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
-from core.config import parse_config
-from experiments.benchmarks._common import warm_start
+from core.runtime.stages import data_seed
+from experiments.benchmarks._common import (
+    aggregate_seeds,
+    bench_source,
+    parse_seed_grid,
+    plus_minus,
+    save_results,
+    seed_grid_parser,
+    warm_start,
+)
 from experiments.benchmarks.async_vs_sync import TaskSpec, run_setting
 from tasks.mlflow_tracking import start_run
 
@@ -92,65 +97,13 @@ class Latency:
         return settings
 
 
-def mean_se(values: list[float]) -> tuple[float, float | None]:
-    """The mean and its standard error (sample stdev / sqrt n; None for one value)."""
-    if not values:
-        return math.nan, None
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, None
-    return mean, statistics.stdev(values) / math.sqrt(len(values))
-
-
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per (latency, setting) over its seeds, with speed-ups against the best sync
-    setting (highest mean samples/s at η = 0) of the same latency."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault((row["latency"], row["setting"]), []).append(row)
-    out = []
-    for (latency, setting), runs in groups.items():
-        entry: dict[str, Any] = {
-            "latency": latency,
-            "setting": setting,
-            "eta": runs[0]["eta"],
-            "threads": runs[0]["threads"],
-            "seeds": [r["seed"] for r in runs],
-            "steps": runs[0]["steps"],
-        }
-        for key in (
-            "samples_per_s",
-            "accuracy_start",
-            "accuracy_final",
-            "learner_busy_fraction",
-            "mean_staleness",
-            "wall_s",
-        ):
-            entry[key], entry[f"{key}_se"] = mean_se([r[key] for r in runs])
-        entry["max_staleness"] = max(r["max_staleness"] for r in runs)
-        hits = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
-        entry["target_hits"] = len(hits)
-        entry["time_to_target_s"], entry["time_to_target_s_se"] = (
-            mean_se(hits) if hits else (None, None)
-        )
-        out.append(entry)
-    for latency in {e["latency"] for e in out}:
-        same = [e for e in out if e["latency"] == latency]
-        syncs = [e for e in same if e["eta"] == 0]
-        sync = max(syncs, key=lambda e: e["samples_per_s"])
-        for entry in same:
-            entry["best_sync"] = sync["setting"]
-            entry["speedup_vs_best_sync"] = entry["samples_per_s"] / sync["samples_per_s"]
-    return out
+    """One entry per (latency, setting) over its seeds, compared with the best sync setting of
+    the same latency (see ``aggregate_seeds``)."""
+    return aggregate_seeds(rows, by="latency")
 
 
 # ------------------------------------------------------------------------------ output
-def _pm(mean: float | None, se: float | None, fmt: str) -> str:
-    if mean is None or math.isnan(mean):
-        return "—"
-    return format(mean, fmt) + (f" ± {format(se, fmt)}" if se is not None else "")
-
-
 def print_table(entries: list[dict[str, Any]], target: float) -> None:
     steps = entries[0]["steps"] if entries else 0
     table = Table(title=f"search agent, {steps} RL steps per run: mean ± SE over seeds")
@@ -167,15 +120,15 @@ def print_table(entries: list[dict[str, Any]], target: float) -> None:
     ):
         table.add_column(col, justify="right")
     for e in entries:
-        ttt = _pm(e["time_to_target_s"], e["time_to_target_s_se"], ".0f")
+        ttt = plus_minus(e["time_to_target_s"], e["time_to_target_s_se"], ".0f")
         table.add_row(
             e["latency"],
             e["setting"],
             str(len(e["seeds"])),
-            _pm(e["samples_per_s"], e["samples_per_s_se"], ".2f"),
+            plus_minus(e["samples_per_s"], e["samples_per_s_se"], ".2f"),
             f"{e['speedup_vs_best_sync']:.2f}",
-            _pm(e["learner_busy_fraction"], e["learner_busy_fraction_se"], ".2f"),
-            _pm(e["accuracy_final"], e["accuracy_final_se"], ".3f"),
+            plus_minus(e["learner_busy_fraction"], e["learner_busy_fraction_se"], ".2f"),
+            plus_minus(e["accuracy_final"], e["accuracy_final_se"], ".3f"),
             f"{ttt} ({e['target_hits']}/{len(e['seeds'])})",
             f"{e['mean_staleness']:.2f} / {e['max_staleness']:.0f}",
         )
@@ -226,44 +179,24 @@ def plot(entries: list[dict[str, Any]], path: Path) -> Path:
 
 # ------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--etas", default="0,1,2,4,8", help="staleness bounds; 0 = synchronous")
+    p = seed_grid_parser(__doc__, "runs/benchmarks/agent_latency", sync_threads="1,2")
     p.add_argument(
         "--latencies",
         default="none,0.5/5,2/20",
         help="tool latency settings: none, MEDIAN or MEDIAN/P99 in seconds, comma-separated",
     )
-    p.add_argument("--seeds", default="1,2,3", help="experiment.seed of the repeats")
-    p.add_argument("--sync-threads", default="1,2", help="torch threads tried for η = 0")
     p.add_argument("--target", type=float, default=0.2, help="the time-to-accuracy target")
-    p.add_argument("--model", default=None, help="a warm-started HF folder (skips the SFT)")
-    p.add_argument("--fileroot", default="runs", help="cluster.fileroot of the runs (MLflow too)")
-    p.add_argument("--out", default="runs/benchmarks/agent_latency", help="JSON and plot")
-    p.add_argument("overrides", nargs="*", help="config overrides for every run (key=value)")
-    args = p.parse_args(argv)
-    try:
-        args.etas = [int(e) for e in args.etas.split(",")]
-        args.seeds = [int(s) for s in args.seeds.split(",")]
-        args.sync_threads = [int(t) for t in args.sync_threads.split(",")]
+
+    def latencies(args: argparse.Namespace) -> None:
         args.latencies = [Latency.parse(t) for t in args.latencies.split(",")]
-    except ValueError as e:
-        p.error(str(e))
-    if 0 not in args.etas:
-        p.error("--etas must include 0: the synchronous baseline")
-    return args
+
+    return parse_seed_grid(p, argv, latencies)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    source = parse_config(
-        CONFIG,
-        [
-            *args.overrides,
-            f"cluster.fileroot={args.fileroot}",
-            "tracking.mlflow_experiment=benchmarks",
-        ],
-    )
+    source = bench_source(CONFIG, [], args)
     # Every setting's config validates before any work starts.
     for latency in args.latencies:
         cfg = source.resolve(latency.overrides(), label=f"latency {latency.label}")
@@ -290,7 +223,11 @@ def main(argv: list[str] | None = None) -> None:
                             threads,
                             parent.info.run_id,
                             "search",
-                            extra={**latency.overrides(), "experiment.seed": seed},
+                            extra={
+                                **latency.overrides(),
+                                "experiment.seed": seed,
+                                "data.seed": data_seed(cfg),
+                            },
                             label=f"lat{latency.label.replace('/', '-')}-seed{seed}",
                         )
                         row |= {"latency": latency.label, "seed": seed}
@@ -303,23 +240,15 @@ def main(argv: list[str] | None = None) -> None:
                             flush=True,
                         )
         entries = aggregate(rows)
-        results = out / "results.json"
-        results.write_text(
-            json.dumps(
-                {
-                    "config": CONFIG,
-                    "model": model_dir,
-                    "target_accuracy": args.target,
-                    "summary": entries,
-                    "runs": rows,
-                    "mlflow_run_id": parent.info.run_id,
-                },
-                indent=2,
-            )
-        )
-        client = mlflow.MlflowClient()
-        for path in (results, plot(entries, out / "agent_latency.png")):
-            client.log_artifact(parent.info.run_id, str(path))
+        payload = {
+            "config": CONFIG,
+            "model": model_dir,
+            "target_accuracy": args.target,
+            "summary": entries,
+            "runs": rows,
+            "mlflow_run_id": parent.info.run_id,
+        }
+        save_results(out, payload, [plot(entries, out / "agent_latency.png")], parent.info.run_id)
         mlflow.log_metrics(
             {
                 f"lat{e['latency'].replace('/', '-')}/speedup_{e['setting']}": e[

@@ -27,7 +27,6 @@ of the task configs (``{fileroot}/mlflow.db``, experiment ``benchmarks``).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -40,10 +39,10 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
-from core.config import ConfigSource, parse_config
+from core.config import ConfigSource
 from core.runtime.job import run_experiment
 from core.runtime.metrics import MemorySink
-from experiments.benchmarks._common import warm_start
+from experiments.benchmarks._common import bench_source, save_results, warm_start
 from tasks.mlflow_tracking import MLflowSink, start_run
 
 logger = logging.getLogger("bench")
@@ -68,14 +67,12 @@ TASKS = {
 def task_source(task: TaskSpec, args: argparse.Namespace) -> ConfigSource:
     """The task's config with its RL length and eval cadence, then the user's overrides (which
     win), parsed once; every setting of the task resolves from it."""
-    overrides = [
+    head = [
         f"learner.total_steps={task.steps}",
         f"eval.every_n_steps={task.eval_every}",
-        *args.overrides,
-        f"cluster.fileroot={args.fileroot}",
-        "tracking.mlflow_experiment=benchmarks",
+        "rollout.adaptive_staleness=false",  # η is the setting under test, not just a ceiling
     ]
-    return parse_config(task.config, overrides)
+    return bench_source(task.config, head, args)
 
 
 def run_setting(
@@ -130,12 +127,24 @@ def run_setting(
             "mean_staleness": _mean(v for _, v in memory.series("staleness/mean")),
             "max_staleness": max((v for _, v in memory.series("staleness/max")), default=0.0),
             "wall_s": time.perf_counter() - started,
+            "diagnostics": _diagnostics(memory),
             "mlflow_run_id": run.info.run_id,
+            "final_model_dir": s["final_model_dir"],
+            "final_window": s["rollout"].get("window"),  # the submission bound at the end
         }
         row["time_to_target_s"] = _first_at(row["evals"], task.target)
         bench = {f"bench/{k}": v for k, v in row.items() if isinstance(v, float | int)}
         mlflow_sink.log_metrics(bench, s["steps"])
     return row
+
+
+def _diagnostics(memory: MemorySink) -> dict[str, float]:
+    """Mean over the run's steps of the objective's statistics (``actor/``: clip and behaviour
+    weight figures, KL estimates) and of the staleness figures."""
+    names = sorted(
+        {k for row in memory.rows for k in row if k.startswith(("actor/", "staleness/"))}
+    )
+    return {name: _mean(v for _, v in memory.series(name)) for name in names}
 
 
 def _train_time_evals(evals: list[dict[str, Any]]) -> list[dict[str, float]]:
@@ -385,20 +394,12 @@ def main(argv: list[str] | None = None) -> None:
             run_task(name, TASKS[name], sources[name], args, parent.info.run_id)
             for name in args.tasks
         ]
-        results = out / "results.json"
-        results.write_text(
-            json.dumps(
-                {"tasks": reports, "etas": args.etas, "mlflow_run_id": parent.info.run_id}, indent=2
-            )
-        )
-        paths = [
-            results,
+        plots = [
             plot_eta(reports, out / "throughput_vs_eta.png"),
             plot_curves(reports, out / "accuracy_vs_time.png"),
         ]
-        client = mlflow.MlflowClient()
-        for path in paths:
-            client.log_artifact(parent.info.run_id, str(path))
+        payload = {"tasks": reports, "etas": args.etas, "mlflow_run_id": parent.info.run_id}
+        save_results(out, payload, plots, parent.info.run_id)
         for report in reports:
             headline = {
                 "overlap_ceiling": report["overlap_ceiling"],

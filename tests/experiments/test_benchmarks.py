@@ -12,8 +12,11 @@ from core.config import ConfigError
 from core.models import create_pretrained
 from experiments.benchmarks import agent_latency as agl
 from experiments.benchmarks import async_vs_sync as avs
+from experiments.benchmarks import eta_accuracy as eta
 from experiments.benchmarks import orchestration_overhead as ovh
 from experiments.benchmarks import server_soak as soak
+from experiments.benchmarks import vs_trl
+from experiments.benchmarks._common import aggregate_seeds, mean_se
 
 
 def _row(eta: int, threads: int, samples: float, gen: float, train: float, step: float) -> dict:
@@ -278,7 +281,7 @@ def test_agent_latency_settings_and_seed_statistics(capsys, tmp_path: Path) -> N
     assert slow_async["speedup_vs_best_sync"] == pytest.approx(3.5)  # against 2/20's own sync
     assert slow_async["accuracy_final"] == pytest.approx(0.2)
     assert slow_async["target_hits"] == 2 and slow_async["time_to_target_s"] == pytest.approx(12.5)
-    assert agl.mean_se([2.0]) == (2.0, None)
+    assert mean_se([2.0]) == (2.0, None)
 
 
 def test_agent_latency_runs_end_to_end(tmp_path: Path) -> None:
@@ -313,3 +316,130 @@ def test_agent_latency_runs_end_to_end(tmp_path: Path) -> None:
         filter_string=f"tags.mlflow.parentRunId = '{results['mlflow_run_id']}'",
     )
     assert len(children) == 2
+
+
+def test_eta_accuracy_variants_are_typed_and_checked(capsys) -> None:
+    nocap = eta.Variant.parse("nocap:algorithm.behaviour_cap=null,algorithm.lr=1e-4")
+    assert nocap.overrides == {"algorithm": {"behaviour_cap": None, "lr": 1e-4}}
+    assert eta.Variant.parse("dapo:algorithm=dapo").overrides == {"algorithm": {"name": "dapo"}}
+    for bad, message in [
+        ("nocap", "is not NAME:KEY=VALUE"),
+        ("nocap:", "is not NAME:KEY=VALUE"),
+        ("base:algorithm.lr=1", "'base' is the config as given"),
+        ("x:algorithm.lr", "must look like key=value"),
+    ]:
+        with pytest.raises(SystemExit):
+            eta.parse_args(["--variant", bad])
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        eta.parse_args(["--variant", "a:algorithm.lr=1", "--variant", "a:algorithm.lr=2"])
+    assert "distinct" in capsys.readouterr().err
+    assert [v.name for v in eta.parse_args(["--no-base", "--variant", "a:x.y=1"]).variants] == ["a"]
+    # an unknown key is found before any work (the variant's layer is checked on resolve)
+    with pytest.raises(ConfigError, match="algorithm.behavior_cap"):
+        eta.main(["--variant", "typo:algorithm.behavior_cap=2", "--out", "/nonexistent/x"])
+
+
+def test_seed_statistics_compare_accuracy_with_sync_of_the_same_variant() -> None:
+    rows = [
+        _agent_row("base", e, 1, seed, 10.0) | {"variant": "base"}
+        for e in (0, 4)
+        for seed in (1, 2, 3)
+    ]
+    for row in rows:
+        row["accuracy_final"] = 0.5 + 0.01 * row["seed"] - (0.03 if row["eta"] else 0.0)
+        row["diagnostics"] = {"actor/behav_masked_frac": 0.001 * row["eta"] * row["seed"]}
+    del rows[-1]["diagnostics"]["actor/behav_masked_frac"]  # a run without the figure
+    sync, stale = aggregate_seeds(rows, by="variant")
+    assert sync["variant"] == "base" and sync["accuracy_gap_se"] is None
+    se = 0.01 / 3**0.5  # seeds 1, 2, 3 → +0.01, +0.02, +0.03: stdev 0.01
+    assert stale["accuracy_gap_vs_sync"] == pytest.approx(-0.03)
+    assert stale["accuracy_gap_se"] == pytest.approx((2 * se**2) ** 0.5)
+    assert stale["diagnostics"]["actor/behav_masked_frac"][0] == pytest.approx(0.006)  # 2 runs
+
+
+@pytest.mark.e2e
+def test_eta_accuracy_runs_end_to_end(tmp_path: Path) -> None:
+    """One variant at η = 0 and 1 over two RL seeds from one tiny warm start: the seeds share
+    the problems (the same start accuracy), the variant reaches the config, the objective's
+    statistics come out."""
+    out = tmp_path / "out"
+    eta.main(
+        [
+            "--etas", "0,1", "--seeds", "2,3", "--sync-threads", "1", "--steps", "2",
+            "--eval-every", "0", "--no-base", "--variant", "cap2:algorithm.behaviour_cap=2",
+            "--fileroot", str(tmp_path / "runs"), "--out", str(out),
+            "data.n_train=256", "data.n_test=32", "eval.n_problems=32", "sft.steps=4",
+            "rollout.batch_size=4", "algorithm.group_size=4",
+        ]
+    )  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    runs = results["runs"]
+    assert [(r["variant"], r["trial"]) for r in runs] == [
+        ("cap2", "eta0-t1-cap2-seed2"),
+        ("cap2", "eta0-t1-cap2-seed3"),
+        ("cap2", "eta1-t1-cap2-seed2"),
+        ("cap2", "eta1-t1-cap2-seed3"),
+    ]
+    assert len({r["accuracy_start"] for r in runs}) == 1  # same model, same problems, greedy
+    for run in runs:
+        diagnostics = run["diagnostics"]
+        assert {"actor/behav_weight_max", "actor/clip_frac", "staleness/token_mean"} <= set(
+            diagnostics
+        )
+        assert 0 <= diagnostics["staleness/token_mean"] <= run["eta"]
+    sync, stale = results["summary"]
+    assert sync["seeds"] == [2, 3] and stale["accuracy_gap_vs_sync"] == pytest.approx(
+        stale["accuracy_final"] - sync["accuracy_final"]
+    )
+    assert (out / "eta_accuracy.png").stat().st_size > 0
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    child = client.get_run(runs[2]["mlflow_run_id"])
+    assert child.data.params["algorithm.behaviour_cap"] == "2.0"
+    assert child.data.params["experiment.seed"] == "2" and child.data.params["data.seed"] == "1"
+
+
+def test_vs_trl_refuses_what_trl_would_run_differently(tmp_path: Path) -> None:
+    for override, field_name in [
+        ("algorithm.kl_coef=0.01", "algorithm.kl_coef"),
+        ("algorithm.ppo_n_minibatches=2", "algorithm.ppo_n_minibatches"),
+        ("algorithm=dr_grpo", "algorithm.normalize_std"),
+    ]:
+        with pytest.raises(ConfigError, match=field_name):
+            vs_trl.main(["--out", str(tmp_path / "out"), "--fileroot", str(tmp_path), override])
+    assert not (tmp_path / "out").exists()  # refused before any work
+    with pytest.raises(SystemExit):
+        vs_trl.parse_args(["--systems", "trl,verl"])
+
+
+@pytest.mark.e2e
+def test_vs_trl_runs_trl_and_asyncrl_on_the_same_work(tmp_path: Path) -> None:
+    """One repeat of TRL's GRPOTrainer (a real run, its own process) and asyncrl sync and
+    async from one tiny warm start; every final model is scored by the same evaluation."""
+    out = tmp_path / "out"
+    vs_trl.main(
+        [
+            "--repeats", "1", "--steps", "2", "--fileroot", str(tmp_path / "runs"),
+            "--out", str(out), "data.n_train=128", "data.n_test=16", "eval.n_problems=16",
+            "sft.steps=4", "rollout.batch_size=2", "algorithm.group_size=4",
+            "rollout.max_new_tokens=8", "eval.max_new_tokens=8",
+        ]
+    )  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    runs = {r["system"]: r for r in results["runs"]}
+    assert list(runs) == ["trl", "asyncrl-sync", "asyncrl-async"]
+    trl = json.loads((out / "trl-r1" / "result.json").read_text())
+    assert trl["steps"] == 2 and trl["samples"] == 2 * 2 * 4 and len(trl["reward_mean"]) == 2
+    spec = json.loads((out / "trl-r1" / "spec.json").read_text())
+    assert spec["weight_decay"] == 0.0 and spec["group_size"] == 4 and spec["max_new_tokens"] == 8
+    for run in runs.values():
+        assert run["samples_per_s"] > 0 and 0 <= run["accuracy"] <= 1
+        assert Path(run["final_model_dir"], "model.safetensors").is_file()
+    # the shared evaluation of asyncrl's final model agrees with the run's own final eval
+    assert runs["asyncrl-sync"]["accuracy"] == pytest.approx(
+        runs["asyncrl-sync"]["in_run_accuracy"]
+    )
+    summary = {e["system"]: e for e in results["summary"]}
+    assert summary["trl"]["speedup_vs_trl"] == 1.0
+    assert results["matched"]["kl"].startswith("β = 0")
+    assert (out / "vs_trl.png").stat().st_size > 0

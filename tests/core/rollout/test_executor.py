@@ -392,3 +392,62 @@ def test_engine_behind_the_learner_is_an_error_not_a_spin() -> None:
         await executor.stop()
 
     run(main())
+
+
+def test_adaptive_staleness_stays_one_version_ahead_of_a_slow_learner() -> None:
+    """Generation outpaces training: a fixed η = 4 makes batches up to 4 versions old for
+    nothing; the adaptive window stays at 1, so no batch is older than 1 version."""
+
+    async def main(adaptive: bool):
+        engine = TickEngine(token_delay=0.001)
+        executor = make(engine, EchoWorkflow(n_tokens=4), eta=4, adaptive_staleness=adaptive)
+        executor.start(sample_stream())
+        await scripted_learner(executor, engine, steps=8, train_seconds=0.1)
+        check_counters(executor)
+        await executor.stop()
+        return executor.counters
+
+    fixed, adaptive = run(main(False)), run(main(True))
+    assert fixed.window == 4 and max(fixed.staleness) >= 2
+    assert adaptive.window == 1 and max(adaptive.staleness) == 1
+    assert adaptive.dropped_stale == 0
+
+
+def test_adaptive_staleness_widens_while_the_learner_waits() -> None:
+    """Generation is the bottleneck: every wait widens the window, up to η and never past it."""
+
+    async def main():
+        engine = TickEngine(token_delay=0.004)
+        executor = make(engine, EchoWorkflow(n_tokens=10), eta=3, adaptive_staleness=True)
+        executor.start(sample_stream())
+        await scripted_learner(executor, engine, steps=6, train_seconds=0.0)
+        check_counters(executor)
+        await executor.stop()
+        return executor.counters
+
+    counters = run(main())
+    assert counters.window == 3 and max(counters.staleness) <= 3
+
+
+def test_adaptive_window_rules() -> None:
+    executor = make(TickEngine(), EchoWorkflow(), eta=3, batch_size=4, adaptive_staleness=True)
+    c = executor.counters
+    assert c.window == 1 and executor.capacity() == (1 + 0 + 1) * 4
+    executor._adapt_window(waited=True, spare=0)  # the run's first batch always waits
+    assert c.window == 1
+    for waited, spare, window in [
+        (True, 0, 2),
+        (True, 0, 3),
+        (True, 0, 3),  # never past η
+        (False, 3, 3),  # less than a whole spare batch: keep
+        (False, 4, 2),
+        (False, 8, 1),
+        (False, 8, 1),  # never below 1
+    ]:
+        executor._adapt_window(waited=waited, spare=spare)
+        assert c.window == window, (waited, spare)
+    assert executor.capacity() == (1 + 0 + 1) * 4
+    assert make(TickEngine(), EchoWorkflow(), eta=0, adaptive_staleness=True).counters.window == 0
+    c.window = 3
+    executor.recover(version=5, counters={"window": 7})  # a checkpoint's window, clamped to η
+    assert c.window == 3

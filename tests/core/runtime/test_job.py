@@ -66,6 +66,14 @@ def test_data_preparation_is_cached_by_the_data_config(tmp_path: Path) -> None:
         load_config(QUICKSTART, [f"cluster.fileroot={tmp_path}", *SMALL, "experiment.seed=2"])
     )
     assert not reseeded.cached and reseeded.train != first.train
+    # data.seed pins the problems while the experiment seed changes
+    pinned = prepare_data(
+        load_config(
+            QUICKSTART,
+            [f"cluster.fileroot={tmp_path}", *SMALL, "experiment.seed=2", "data.seed=1"],
+        )
+    )
+    assert pinned.test == first.test and pinned.train == first.train
 
 
 @pytest.mark.e2e
