@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,19 @@ def join(base: str, *parts: str) -> str:
 
 @storage_retry
 def write_text(url: str, text: str) -> None:
+    """Write ``text`` to ``url`` whole or not at all. Locally it goes to a temporary file in the
+    same folder that is then renamed over the target, so a crash or a full disk mid-write
+    leaves the previous file as it was; an object store's PUT is all-or-nothing already."""
+    if is_local(url):
+        target = local_path(url)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            partial.write_text(text)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return
     fs, path = url_to_fs(url)
     parent = path.rsplit("/", 1)[0]
     if parent:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from core.storage import read_text, storage_retry
+from core.storage import read_text, storage_retry, write_text
 
 
 @pytest.fixture
@@ -100,3 +100,26 @@ def test_transient_errors_are_retried_with_a_log_line(caplog: pytest.LogCaptureF
         "Retrying tests.core.test_storage.test_transient_errors_are_retried_with_a_log_line."
         "<locals>.flaky"
     ] * 2
+
+
+def test_a_failed_local_write_leaves_the_previous_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """write_text replaces a local file whole or not at all: a write that fails before it is
+    complete (here the final rename) keeps the old content and leaves no partial file."""
+    target = tmp_path / "run" / "summary.json"
+    write_text(str(target), '{"steps": 10}\n')  # creates the folder too
+    write_text(str(target), '{"steps": 20}\n')
+    assert read_text(str(target)) == '{"steps": 20}\n'
+    fresh = tmp_path / "plain.txt"
+    fresh.write_text("x")
+    assert target.stat().st_mode == fresh.stat().st_mode  # an ordinary file, not a 0600 temp
+
+    def no_space(src: object, dst: object) -> None:
+        raise PermissionError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", no_space)
+    with pytest.raises(PermissionError):
+        write_text(str(target), '{"steps": 30, "truncated":')
+    assert read_text(str(target)) == '{"steps": 20}\n'
+    assert [p.name for p in target.parent.iterdir()] == ["summary.json"]
