@@ -153,6 +153,15 @@ def aggregate_seeds(rows: list[dict[str, Any]], by: str) -> list[dict[str, Any]]
     return out
 
 
+def best_per_eta(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The fastest row (highest ``samples_per_s``) of each η, by η: the one a plot shows."""
+    best: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        if r["eta"] not in best or r["samples_per_s"] > best[r["eta"]]["samples_per_s"]:
+            best[r["eta"]] = r
+    return dict(sorted(best.items()))
+
+
 def plus_minus(mean: float | None, se: float | None, fmt: str) -> str:
     """``mean ± se`` for a table cell; ``—`` for no value."""
     if mean is None or math.isnan(mean):

@@ -46,6 +46,7 @@ from core.runtime.stages import data_seed
 from experiments.benchmarks._common import (
     aggregate_seeds,
     bench_source,
+    best_per_eta,
     parse_seed_grid,
     plus_minus,
     save_results,
@@ -143,10 +144,7 @@ def plot(entries: list[dict[str, Any]], path: Path) -> Path:
     speed, acc = fig.subplots(1, 2)
     for i, latency in enumerate(dict.fromkeys(e["latency"] for e in entries)):
         same = [e for e in entries if e["latency"] == latency]
-        best = {}
-        for e in sorted(same, key=lambda e: e["eta"]):
-            if e["eta"] not in best or e["samples_per_s"] > best[e["eta"]]["samples_per_s"]:
-                best[e["eta"]] = e
+        best = best_per_eta(same)
         etas = list(best)
         sync = best[0]["samples_per_s"]
         speed.errorbar(

@@ -42,7 +42,7 @@ from rich.table import Table
 from core.config import ConfigSource
 from core.runtime.job import run_experiment
 from core.runtime.metrics import MemorySink
-from experiments.benchmarks._common import bench_source, save_results, warm_start
+from experiments.benchmarks._common import bench_source, best_per_eta, save_results, warm_start
 from tasks.mlflow_tracking import MLflowSink, start_run
 
 logger = logging.getLogger("bench")
@@ -261,21 +261,13 @@ def print_table(report: dict[str, Any]) -> None:
     Console(width=160).print(table)
 
 
-def _best_per_eta(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    best: dict[int, dict[str, Any]] = {}
-    for r in rows:
-        if r["eta"] not in best or r["samples_per_s"] > best[r["eta"]]["samples_per_s"]:
-            best[r["eta"]] = r
-    return dict(sorted(best.items()))
-
-
 def plot_eta(reports: list[dict[str, Any]], path: Path) -> Path:
     """Throughput (× best sync) and final accuracy vs η, one line per task."""
     fig = Figure(figsize=(11, 4.2), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     speed, acc = fig.subplots(1, 2)
     for i, report in enumerate(reports):
-        best = _best_per_eta(report["rows"])
+        best = best_per_eta(report["rows"])
         etas = list(best)
         color = f"C{i}"
         speed.plot(
@@ -319,7 +311,7 @@ def plot_curves(reports: list[dict[str, Any]], path: Path) -> Path:
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(reports), squeeze=False)[0]
     for ax, report in zip(axes, reports, strict=True):
-        for i, (eta, row) in enumerate(_best_per_eta(report["rows"]).items()):
+        for i, (eta, row) in enumerate(best_per_eta(report["rows"]).items()):
             ax.plot(
                 [e["train_s"] for e in row["evals"]],
                 [e["accuracy"] for e in row["evals"]],

@@ -43,6 +43,7 @@ from core.runtime.stages import data_seed
 from experiments.benchmarks._common import (
     aggregate_seeds,
     bench_source,
+    best_per_eta,
     parse_seed_grid,
     plus_minus,
     save_results,
@@ -181,10 +182,7 @@ def plot(entries: list[dict[str, Any]], path: Path) -> Path:
     FigureCanvasAgg(fig)
     acc, ttt, capped = fig.subplots(1, 3)
     for i, name in enumerate(dict.fromkeys(e["variant"] for e in entries)):
-        best: dict[int, dict[str, Any]] = {}
-        for e in sorted((e for e in entries if e["variant"] == name), key=lambda e: e["eta"]):
-            if e["eta"] not in best or e["samples_per_s"] > best[e["eta"]]["samples_per_s"]:
-                best[e["eta"]] = e
+        best = best_per_eta([e for e in entries if e["variant"] == name])
         etas = list(best)
         style = {"marker": "o", "capsize": 3, "color": f"C{i}", "label": name}
         acc.errorbar(
