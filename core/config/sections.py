@@ -375,7 +375,16 @@ class LearnerConfig:
         "block-diagonal causal mask) instead of padding rows, in the policy's and reference's "
         "passes (the critic stays padded): for varlen attention "
         "(model.attn_implementation=flash_attention_2) on GPUs. Off on CPU, where SDPA gets a "
-        "dense block mask and measured no faster (experiments/benchmarks/learner_packing.py).",
+        "dense block mask and measured no faster (experiments/benchmarks/learner_packing.py). "
+        "Turns share_prompts off.",
+    )
+    share_prompts: bool = documented(
+        True,
+        "Run each distinct prompt of a micro-batch through the policy and reference once and "
+        "let its samples' tokens attend to its KV cache (gradients flow back through it), "
+        "instead of once per sample: the same numbers in fewer positions "
+        "(core/training/shared_prompts.py; a GRPO group of G samples computes its prompt once). "
+        "RL only; off under pack_sequences, and the critic stays padded.",
     )
     total_steps: int = documented(40, "RL training steps (weight versions).")
 

@@ -59,6 +59,8 @@ class LearnerWorker:
         common = dict(
             micro_batch_tokens=config.learner.micro_batch_tokens,
             pack_sequences=config.learner.pack_sequences,
+            # SFT rows rarely repeat a prompt; RL groups always do.
+            share_prompts=config.learner.share_prompts and mode == "rl",
             dtype=config.model.dtype,
             attn_implementation=config.model.attn_implementation,
             seed=config.experiment.seed,

@@ -68,6 +68,13 @@ from core.training.losses import LossFn, SFTLoss
 from core.training.lr_schedule import warmup_cosine_schedule
 from core.training.packing import packed_logits
 from core.training.sharding import shard_model
+from core.training.shared_prompts import (
+    logprobs_from_rows,
+    share_prompts,
+    shared_logits,
+    shared_micro_batch_indices,
+    sharing_unsupported,
+)
 from core.training.stats import StatsAccumulator
 from core.training.value_model import ValueModel
 
@@ -94,6 +101,7 @@ class Learner:
         eps: float = 1e-8,
         micro_batch_tokens: int,
         pack_sequences: bool = False,
+        share_prompts: bool = False,
         temperature: float = 1.0,
         dtype: str = "float32",
         attn_implementation: str = "sdpa",
@@ -114,6 +122,8 @@ class Learner:
         self.compute_dtype = torch_dtype(dtype)
         self.micro_batch_tokens = micro_batch_tokens
         self.pack_sequences = pack_sequences
+        # Packing has no per-row cache and a critic reads hidden states: both keep their paths.
+        self.prompt_sharing = share_prompts and not pack_sequences and not with_value_head
         self.temperature = effective_temperature(temperature)
         self.max_grad_norm = max_grad_norm
         self.with_value_head = with_value_head
@@ -132,6 +142,9 @@ class Learner:
         if lora is not None:
             model = apply_lora(model, lora, seed=seed)
         self._scalings = lora_scalings(model)
+        if self.prompt_sharing and (why := sharing_unsupported(model.config)):
+            logger.warning("share_prompts is off for %s: %s", model_dir, why)
+            self.prompt_sharing = False
         self.model = self._place(model)
         self.reference: nn.Module | None = None
         # With LoRA the frozen base *is* the initial policy: the reference costs no memory.
@@ -187,16 +200,40 @@ class Learner:
                 ).logits
             return packed_logits(model, micro.input_ids, micro.attention_mask)
 
-    def _logprobs(self, model: nn.Module, micro: TrainBatch) -> Tensor:
+    def _token_outputs(
+        self, model: nn.Module, micro: TrainBatch, entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``[N, T]`` log-probs and, if asked, entropies of the micro-batch's tokens."""
+        if self.prompt_sharing:
+            layout = share_prompts(micro.input_ids, micro.attention_mask, micro.prompt_lens)
+            # Sharded ranks must all make the same two passes (FSDP's collectives run per
+            # pass), so only a plain process falls back when nothing is shared.
+            if self.sharded or layout.n_prompts < len(micro):
+                with self._autocast():
+                    table = shared_logits(model, layout)
+                return logprobs_from_rows(
+                    table,
+                    layout.source,
+                    micro.input_ids,
+                    micro.attention_mask,
+                    self.temperature,
+                    entropy=entropy,
+                )
         logits = self._logits(model, micro)
-        return logprobs_from_logits(logits, micro.input_ids, micro.attention_mask, self.temperature)
-
-    def _logprobs_and_entropy(self, model: nn.Module, micro: TrainBatch) -> tuple[Tensor, Tensor]:
-        logits = self._logits(model, micro)
-        return (
-            logprobs_from_logits(logits, micro.input_ids, micro.attention_mask, self.temperature),
-            entropy_from_logits(logits, micro.attention_mask, self.temperature),
+        logprobs = logprobs_from_logits(
+            logits, micro.input_ids, micro.attention_mask, self.temperature
         )
+        if not entropy:
+            return logprobs, None
+        return logprobs, entropy_from_logits(logits, micro.attention_mask, self.temperature)
+
+    def _logprobs(self, model: nn.Module, micro: TrainBatch) -> Tensor:
+        return self._token_outputs(model, micro, entropy=False)[0]
+
+    def _micro_batch_indices(self, batch: TrainBatch) -> list[Tensor]:
+        if self.prompt_sharing:
+            return shared_micro_batch_indices(batch, self.micro_batch_tokens)
+        return micro_batch_indices(batch, self.micro_batch_tokens)
 
     def _values(self, model: nn.Module, micro: TrainBatch) -> Tensor:
         with self._autocast():
@@ -223,7 +260,7 @@ class Learner:
     @torch.no_grad()
     def _no_grad_outputs(self, model: nn.Module, batch: TrainBatch, forward: Forward) -> Tensor:
         model.eval()
-        indices = micro_batch_indices(batch, self.micro_batch_tokens)
+        indices = self._micro_batch_indices(batch)
         parts = []
         for i in range(self._rounds(len(indices))):
             if i < len(indices):
@@ -260,10 +297,7 @@ class Learner:
         start = time.perf_counter()
         if len(batch) == 0:
             raise ValueError("train_step needs at least one row on every rank")
-        micros = [
-            batch.select(rows).trim()
-            for rows in micro_batch_indices(batch, self.micro_batch_tokens)
-        ]
+        micros = [batch.select(rows).trim() for rows in self._micro_batch_indices(batch)]
         normalizer = all_reduce_sum(float(loss_fn.normalizer(micros)))
         needs_entropy = bool(getattr(loss_fn, "needs_entropy", False))
         rounds = self._rounds(len(micros))
@@ -310,9 +344,7 @@ class Learner:
             if entropy:
                 raise ValueError("a critic has no entropy: use a loss with needs_entropy=False")
             return self._values(self.model, micro), None
-        if entropy:
-            return self._logprobs_and_entropy(self.model, micro)
-        return self._logprobs(self.model, micro), None
+        return self._token_outputs(self.model, micro, entropy)
 
     def _placeholder_backward(self) -> None:
         placeholder = self._placeholder()

@@ -23,7 +23,7 @@ def effective_temperature(temperature: float) -> float:
     return 1.0 if temperature == 0 else float(temperature)
 
 
-def _align(values: Tensor, attention_mask: Tensor) -> Tensor:
+def align(values: Tensor, attention_mask: Tensor) -> Tensor:
     """``[N, T-1]`` values for tokens ``1..T-1`` -> ``[N, T]`` with column 0 and padding 0."""
     out = torch.cat([values.new_zeros(values.shape[0], 1), values], dim=1)
     return torch.where(attention_mask.bool(), out, 0.0)
@@ -41,14 +41,14 @@ def logprobs_from_logits(
     z = scaled_logits(logits, temperature)
     # gather - logsumexp == log_softmax gathered, without materialising a second [N, T, V].
     picked = z.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    return _align(picked - torch.logsumexp(z, dim=-1), attention_mask)
+    return align(picked - torch.logsumexp(z, dim=-1), attention_mask)
 
 
 def entropy_from_logits(logits: Tensor, attention_mask: Tensor, temperature: float = 1.0) -> Tensor:
     """``[N, T]`` entropy of the tempered next-token distribution that predicted each token."""
     z = scaled_logits(logits, temperature)
     log_p = torch.log_softmax(z, dim=-1)
-    return _align(-(log_p.exp() * log_p).sum(-1), attention_mask)
+    return align(-(log_p.exp() * log_p).sum(-1), attention_mask)
 
 
 def _logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

@@ -1,11 +1,13 @@
-"""Learner tokens/s with right-padded micro-batches vs packed sequences.
+"""Learner tokens/s with right-padded micro-batches vs packed sequences vs shared prompts.
 
-Rows like the quickstart's (a prompt of ``--prompt-len`` tokens ± 20 %, a response of 1 to
-``--max-response`` tokens) go through the learner's forward and backward pass (log-probs, a
-summed loss) in micro-batches of ``--micro-batch-tokens``, either padded (each micro-batch as wide
-as its longest row) or packed (rows end to end in rows of that width, see
-``core/training/packing.py``). Reported: real tokens per second of forward+backward, the share
-of positions that are padding, and the rows the model sees, for each model size.
+Rows like the quickstart's (groups of ``--group-size`` samples of one prompt of
+``--prompt-len`` tokens ± 20 %, each with a response of 1 to ``--max-response`` tokens) go
+through the learner's forward and backward pass (log-probs, a summed loss) in micro-batches of
+``--micro-batch-tokens``, either padded (each micro-batch as wide as its longest row), packed
+(rows end to end in rows of that width, see ``core/training/packing.py``) or with shared
+prompts (each distinct prompt once, the samples attending to its cache, see
+``core/training/shared_prompts.py``). Reported: real tokens per second of forward+backward and
+the positions the model computes, for each model size.
 
     python experiments/benchmarks/learner_packing.py --presets tiny,small --out runs/bench
 
@@ -30,6 +32,12 @@ from core.models.builder import preset_config
 from core.training.batch import TrainBatch, micro_batches
 from core.training.logprobs import logprobs_from_logits
 from core.training.packing import pack_rows, unpack
+from core.training.shared_prompts import (
+    logprobs_from_rows,
+    share_prompts,
+    shared_logits,
+    shared_micro_batch_indices,
+)
 
 logger = logging.getLogger("learner_packing")
 
@@ -38,6 +46,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--presets", default="tiny,small", help="comma-separated model presets")
     p.add_argument("--rows", type=int, default=128, help="rows per step (prompts x group size)")
+    p.add_argument("--group-size", type=int, default=8, help="samples per prompt (1: no sharing)")
     p.add_argument("--prompt-len", type=int, default=60)
     p.add_argument("--max-response", type=int, default=64)
     p.add_argument("--micro-batch-tokens", type=int, default=8192)
@@ -58,12 +67,16 @@ def parse_args() -> argparse.Namespace:
 
 def make_batch(args: argparse.Namespace, seed: int = 0) -> TrainBatch:
     gen = torch.Generator().manual_seed(seed)
+    group = torch.arange(args.rows) // args.group_size  # row -> its prompt
+    n_prompts = int(group[-1]) + 1
     prompt = torch.randint(int(args.prompt_len * 0.8), int(args.prompt_len * 1.2) + 1,
-                           (args.rows,), generator=gen)  # fmt: skip
+                           (n_prompts,), generator=gen)[group]  # fmt: skip
     response = torch.randint(1, args.max_response + 1, (args.rows,), generator=gen)
     lengths = (prompt + response).tolist()
     width = max(lengths)
     ids = torch.randint(1, args.vocab_size, (args.rows, width), generator=gen)
+    prompt_ids = torch.randint(1, args.vocab_size, (n_prompts, width), generator=gen)[group]
+    ids = torch.where(torch.arange(width)[None, :] < prompt[:, None], prompt_ids, ids)
     mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
     loss_mask = (torch.arange(width)[None, :] >= prompt[:, None]).float() * mask
     zeros = torch.zeros((args.rows, width))
@@ -72,11 +85,21 @@ def make_batch(args: argparse.Namespace, seed: int = 0) -> TrainBatch:
                       prompt_lens=prompt)  # fmt: skip
 
 
-def step(model: torch.nn.Module, micros: list[TrainBatch], widen: float) -> tuple[float, int]:
+def step(model: torch.nn.Module, micros: list[TrainBatch], widen: float | str) -> tuple[float, int]:
     """One forward+backward over ``micros`` (packed into rows ``widen`` times as wide as the
-    longest when ``widen > 0``); returns seconds and the positions computed."""
+    longest when ``widen > 0``, ``"shared"`` for shared prompts); returns seconds and the
+    positions computed."""
     start, positions = time.perf_counter(), 0
     for micro in micros:
+        if widen == "shared":
+            shared = share_prompts(micro.input_ids, micro.attention_mask, micro.prompt_lens)
+            table = shared_logits(model, shared)
+            logprobs, _ = logprobs_from_rows(
+                table, shared.source, micro.input_ids, micro.attention_mask
+            )
+            positions += shared.prompt_ids.numel() + shared.suffix_ids.numel()
+            (-(logprobs * micro.loss_mask).sum()).backward()
+            continue
         if widen:
             width = int(widen * micro.width)
             layout = pack_rows(micro.input_ids, micro.attention_mask, width=width)
@@ -96,10 +119,15 @@ def measure(preset: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(preset_config(preset, vocab_size=args.vocab_size, pad_token_id=0))
     batch = make_batch(args)
-    micros = micro_batches(batch, args.micro_batch_tokens)
+    padded_micros = micro_batches(batch, args.micro_batch_tokens)
+    shared_micros = [batch.select(rows).trim()
+                     for rows in shared_micro_batch_indices(batch, args.micro_batch_tokens)]  # fmt: skip
     rows = []
-    for widen in [0.0, *args.widths]:
-        layout = f"packed {widen:g}x" if widen else "padded"
+    for widen in [0.0, *args.widths, "shared"]:
+        micros = shared_micros if widen == "shared" else padded_micros
+        layout = (
+            "shared prompts" if widen == "shared" else f"packed {widen:g}x" if widen else "padded"
+        )
         step(model, micros, widen)  # warm-up
         times = []
         for _ in range(args.repeats):
@@ -110,7 +138,7 @@ def measure(preset: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         rows.append({
             "preset": preset, "layout": layout, "seconds": median,
             "tokens_per_s": batch.n_tokens / median, "positions": positions,
-            "padding_share": 1 - batch.n_tokens / positions, "micro_batches": len(micros),
+            "micro_batches": len(micros),
             "times": times,
         })  # fmt: skip
         logger.info("%s %s: %.0f tokens/s", preset, layout, batch.n_tokens / median)
@@ -123,10 +151,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="Learner forward+backward: padded vs packed micro-batches")
+    table = Table(title="Learner forward+backward: padded vs packed vs shared prompts")
     columns = [("model", "preset", "{}"), ("layout", "layout", "{}"),
                ("s/step (median)", "seconds", "{:.3f}"), ("tokens/s", "tokens_per_s", "{:,.0f}"),
-               ("positions", "positions", "{:,}"), ("padding", "padding_share", "{:.0%}"),
+               ("positions", "positions", "{:,}"), ("micro-batches", "micro_batches", "{}"),
                ("speed-up", "speedup", "{:.2f}x")]  # fmt: skip
     for name, *_ in columns:
         table.add_column(name, justify="right")
@@ -152,7 +180,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.bar([i + offset for i in range(len(presets))], values, width, label=layout)
     ax.set_xticks(range(len(presets)), presets)
     ax.set_ylabel("real tokens / s (forward + backward)")
-    ax.set_title("Learner throughput: padded vs packed")
+    ax.set_title("Learner throughput: padded, packed, shared prompts")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -177,8 +177,8 @@ def test_server_soak_smoke(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_learner_packing_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tiny run: both layouts timed on the same rows; packing into wider rows computes fewer
-    positions (less padding), and the table, JSON and plot are written."""
+    """A tiny run: every layout timed on the same rows; packing into wider rows and sharing the
+    prompts of groups compute fewer positions, and the table, JSON and plot are written."""
     from experiments.benchmarks import learner_packing
 
     monkeypatch.setattr("sys.argv", ["learner_packing", "--presets", "tiny", "--rows", "16",
@@ -187,9 +187,10 @@ def test_learner_packing_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     learner_packing.main()
     rows = json.loads((tmp_path / "learner_packing.json").read_text())["results"]
     by_layout = {r["layout"]: r for r in rows}
-    assert set(by_layout) == {"padded", "packed 1x", "packed 2x"}
+    assert set(by_layout) == {"padded", "packed 1x", "packed 2x", "shared prompts"}
     assert by_layout["packed 2x"]["positions"] < by_layout["padded"]["positions"]
-    assert all(r["tokens_per_s"] > 0 and 0 <= r["padding_share"] < 1 for r in rows)
+    assert by_layout["shared prompts"]["positions"] < 0.8 * by_layout["padded"]["positions"]
+    assert all(r["tokens_per_s"] > 0 for r in rows)
     assert (tmp_path / "learner_packing.png").stat().st_size > 0
 
 
@@ -414,12 +415,14 @@ def test_vs_trl_refuses_what_trl_would_run_differently(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 def test_vs_trl_runs_trl_and_asyncrl_on_the_same_work(tmp_path: Path) -> None:
-    """One repeat of TRL's GRPOTrainer (a real run, its own process) and asyncrl sync and
-    async from one tiny warm start; every final model is scored by the same evaluation."""
+    """One repeat of TRL's GRPOTrainer (a real run, its own process), asyncrl sync and asyncrl
+    under the adaptive window from one tiny warm start; every final model is scored by the same
+    evaluation."""
     out = tmp_path / "out"
     vs_trl.main(
         [
-            "--repeats", "1", "--steps", "2", "--fileroot", str(tmp_path / "runs"),
+            "--repeats", "1", "--steps", "2", "--systems", "trl,asyncrl-sync,asyncrl-adaptive",
+            "--fileroot", str(tmp_path / "runs"),
             "--out", str(out), "data.n_train=128", "data.n_test=16", "eval.n_problems=16",
             "sft.steps=4", "rollout.batch_size=2", "algorithm.group_size=4",
             "rollout.max_new_tokens=8", "eval.max_new_tokens=8",
@@ -427,7 +430,10 @@ def test_vs_trl_runs_trl_and_asyncrl_on_the_same_work(tmp_path: Path) -> None:
     )  # fmt: skip
     results = json.loads((out / "results.json").read_text())
     runs = {r["system"]: r for r in results["runs"]}
-    assert list(runs) == ["trl", "asyncrl-sync", "asyncrl-async"]
+    assert list(runs) == ["trl", "asyncrl-sync", "asyncrl-adaptive"]
+    # the window starts at 1 and moves at most once in 2 steps (a fixed η=4 run ends at 4)
+    assert runs["asyncrl-sync"]["final_window"] == 0
+    assert 1 <= runs["asyncrl-adaptive"]["final_window"] <= 2
     trl = json.loads((out / "trl-r1" / "result.json").read_text())
     assert trl["steps"] == 2 and trl["samples"] == 2 * 2 * 4 and len(trl["reward_mean"]) == 2
     spec = json.loads((out / "trl-r1" / "spec.json").read_text())
