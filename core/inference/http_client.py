@@ -1,8 +1,12 @@
 """What the HTTP engine clients share: server choice, retries, pause state, the weight version.
 
-Routing: a new request goes to the next server round-robin; a resumed request (same ``rid``, see
+Routing: a new request goes to the server that last took the same prompt tokens -- the ``G``
+samples of a GRPO group land together, so the server computes the prompt once (SGLang's radix
+cache, vLLM's prefix cache, our engine's one prefill per group) -- and otherwise to the next
+server round-robin, so distinct prompts spread evenly. A resumed request (same ``rid``, see
 :func:`~core.inference.api.generate_resuming`) goes back to the server that started it, whose
-prefix cache may still help and whose ``rid`` bookkeeping stays in one place.
+prefix cache may still help and whose ``rid`` bookkeeping stays in one place. (A later turn of a
+multi-turn episode is a new prompt and is routed afresh.)
 
 Pausing is enforced on both sides: the client holds back new requests until :meth:`resume`, and
 subclasses tell the servers to stop (in-flight requests then come back as ``abort``).
@@ -19,7 +23,8 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import aiohttp
@@ -36,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 _RETRY_STATUS = {502, 503, 504}  # a server restarting or a proxy in front of one
 API_KEY_ENV = "ASYNCRL_ENGINE_API_KEY"
+PROMPT_ROUTES = 4096  # recent prompts remembered for routing (a few batches' worth of groups)
 T = TypeVar("T")
 
 
@@ -102,6 +108,7 @@ class HTTPEngineClient:
         self._headers = auth_headers(api_key)  # never logged
         self._round_robin = itertools.cycle(range(len(self.urls)))
         self._rid_server: dict[str, int] = {}
+        self._prompt_server: OrderedDict[int, int] = OrderedDict()  # hash(prompt) -> server, LRU
         self._down: set[int] = set()  # unreachable servers, skipped until restore()
         self._paused = False
         self._resume_waiters: list[asyncio.Future] = []
@@ -132,14 +139,22 @@ class HTTPEngineClient:
                 if not future.done():
                     future.set_result(None)
 
-    def server_for(self, rid: str) -> int:
-        """The server index for ``rid``: sticky once chosen, round-robin for new ones; a request
-        whose server went down moves to a live one."""
+    def server_for(self, rid: str, prompt: Sequence[int] | None = None) -> int:
+        """The server index for ``rid``: sticky once chosen; a new one goes where ``prompt`` last
+        went, else round-robin; a request whose server went down moves to a live one."""
         index = self._rid_server.get(rid)
         if index is None or index in self._down:
             if len(self._down) >= len(self.urls):
                 raise ServersDown(f"no inference server is reachable: {self.urls}")
-            index = next(i for i in self._round_robin if i not in self._down)
+            key = hash(tuple(prompt)) if prompt is not None else None
+            index = self._prompt_server.get(key) if key is not None else None
+            if index is None or index in self._down:
+                index = next(i for i in self._round_robin if i not in self._down)
+            if key is not None:
+                self._prompt_server[key] = index
+                self._prompt_server.move_to_end(key)
+                if len(self._prompt_server) > PROMPT_ROUTES:
+                    self._prompt_server.popitem(last=False)
             self._rid_server[rid] = index
         return index
 
@@ -161,12 +176,15 @@ class HTTPEngineClient:
         for address in addresses:
             self._down.discard(self.urls.index(normalize_address(address)))
 
-    async def on_server(self, rid: str, call: Callable[[str], Awaitable[T]]) -> T:
-        """``call(url)`` on ``rid``'s server; when that server is unreachable (after the
-        retries) it is marked down and the request goes, whole, to a live one. The last live
-        server is never marked down: its error is raised (the caller's episode fails)."""
+    async def on_server(
+        self, rid: str, call: Callable[[str], Awaitable[T]], prompt: Sequence[int] | None = None
+    ) -> T:
+        """``call(url)`` on ``rid``'s server (see :meth:`server_for`); when that server is
+        unreachable (after the retries) it is marked down and the request goes, whole, to a live
+        one. The last live server is never marked down: its error is raised (the caller's
+        episode fails)."""
         while True:
-            index = self.server_for(rid)
+            index = self.server_for(rid, prompt)
             try:
                 return await call(self.urls[index])
             except Exception as exc:

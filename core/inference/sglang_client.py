@@ -97,7 +97,9 @@ class SGLangClient(HTTPEngineClient):
             "rid": request.rid,
         }
         data = await self.on_server(
-            request.rid, lambda url: self.request("POST", url + "/generate", payload)
+            request.rid,
+            lambda url: self.request("POST", url + "/generate", payload),
+            prompt=request.input_ids,
         )
         resp = parse_generate_response(data, self._version)
         if resp.stop_reason != "abort":

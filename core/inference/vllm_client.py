@@ -106,7 +106,9 @@ class VLLMClient(HTTPEngineClient):
         await self.wait_until_resumed()
         payload = completions_payload(request, self.model_name)
         data = await self.on_server(
-            request.rid, lambda url: self.request("POST", url + "/v1/completions", payload)
+            request.rid,
+            lambda url: self.request("POST", url + "/v1/completions", payload),
+            prompt=request.input_ids,
         )
         resp = parse_completion(data, self._version)
         if resp.stop_reason != "abort":

@@ -192,6 +192,38 @@ def test_round_robin_and_sticky_resumes(servers, model_dir, prompts) -> None:
     assert a.engine.stats.requests_served >= 2 and b.engine.stats.requests_served >= 2
 
 
+def test_a_group_goes_to_one_server_and_groups_spread(servers, model_dir, prompts) -> None:
+    """The samples of one prompt land on one server (its prefix cache computes the prompt
+    once); distinct prompts go round-robin."""
+    a = servers.start(model_dir=model_dir)
+    b = servers.start(model_dir=model_dir)
+    first, second = next((p, q) for p in prompts for q in prompts if len(p) != len(q))
+
+    async def main():
+        async with SGLangClient([a.address, b.address]) as client:
+            group = [GenerationRequest(p, GREEDY) for p in (first, second) for _ in range(4)]
+            await asyncio.gather(*(client.agenerate(r) for r in group))
+
+    run(main())
+    assert a.engine.stats.requests_served == 4 == b.engine.stats.requests_served
+    # every prompt token a server saw (prefilled, or copied from a group member) is its prompt's
+    seen = {
+        handle.engine.stats.prefill_tokens + handle.engine.stats.shared_prefill_tokens
+        for handle in (a, b)
+    }
+    assert seen == {4 * len(first), 4 * len(second)}
+
+
+def test_prompt_routes_skip_a_server_that_went_down() -> None:
+    client = SGLangClient(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
+    home = client.server_for("r1", [5, 6, 7])
+    assert client.server_for("r2", [5, 6, 7]) == home  # the same prompt, the same server
+    assert client.server_for("r3", [5, 6]) != home  # a new prompt: the next server
+    client.mark_down(home, ConnectionError("test"))
+    moved = client.server_for("r4", [5, 6, 7])
+    assert moved != home and client.server_for("r5", [5, 6, 7]) == moved
+
+
 def test_client_retries_until_the_server_is_up(model_dir, engine, prompts) -> None:
     port = free_port()
 
