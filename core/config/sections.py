@@ -382,7 +382,8 @@ class LearnerConfig:
         True,
         "Run each distinct prompt of a micro-batch through the policy and reference once and "
         "let its samples' tokens attend to its KV cache (gradients flow back through it), "
-        "instead of once per sample: the same numbers in fewer positions "
+        "instead of once per sample: the same numbers (up to floating-point order; dropout draws "
+        "one mask per prompt) in fewer positions "
         "(core/training/shared_prompts.py; a GRPO group of G samples computes its prompt once). "
         "RL only; off under pack_sequences, and the critic stays padded.",
     )

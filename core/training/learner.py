@@ -142,9 +142,6 @@ class Learner:
         if lora is not None:
             model = apply_lora(model, lora, seed=seed)
         self._scalings = lora_scalings(model)
-        if self.prompt_sharing and (why := sharing_unsupported(model.config)):
-            logger.warning("share_prompts is off for %s: %s", model_dir, why)
-            self.prompt_sharing = False
         self.model = self._place(model)
         self.reference: nn.Module | None = None
         # With LoRA the frozen base *is* the initial policy: the reference costs no memory.
@@ -157,6 +154,13 @@ class Learner:
             reference = load_model(reference_model_dir, dtype="float32", **attention)
             reference.requires_grad_(False)
             self.reference = self._place(reference)
+        configs = [(model_dir, model.config)]
+        if self.reference is not None:
+            configs.append((reference_model_dir, self.reference.config))
+        for name, config in configs:
+            if self.prompt_sharing and (why := sharing_unsupported(config)):
+                logger.warning("share_prompts is off: %s cannot share prompts: %s", name, why)
+                self.prompt_sharing = False
 
         self.optimizer = torch.optim.AdamW(
             _param_groups(self.model, weight_decay), lr=lr, betas=betas, eps=eps

@@ -6,7 +6,10 @@ rows (``DynamicCache.batch_select_indices``, a differentiable gather) and every 
 after its prompt -- its *suffix* -- attend to it at their own positions. Gradients flow back
 through the cache into the prompt pass, summed over the rows that share it, so log-probs, losses
 and gradients equal the padded forward's up to floating-point summation order (the tests check
-both). The same idea as the engine's prefill-once-then-fork, on the training side; the hydragen
+both, in fp32 with SDPA). Two differences by design: dropout (LoRA's, attention's) draws one
+mask per prompt, shared by its samples, where the padded pass draws one per row; and a RoPE
+whose scaling depends on the sequence length (``dynamic``, ``longrope``) can pick different
+frequencies for the prompt pass and the suffix pass past the original context length. The same idea as the engine's prefill-once-then-fork, on the training side; the hydragen
 and cascade-inference kernels do it inside attention.
 
 Positions computed fall from ``N · T`` to ``U · P + N · S`` (``U`` distinct prompts padded to
@@ -20,6 +23,7 @@ the row that holds the logits at position ``t`` of row ``n`` (see :func:`logprob
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -50,11 +54,24 @@ class SharedPrompts:
 
 def sharing_unsupported(config: object) -> str | None:
     """Why a model cannot share prompts (``None`` when it can): a layer that is not full
-    attention (sliding windows, linear attention) keeps a cache that is not a plain prefix."""
-    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if layer_types != {"full_attention"}:
+    attention keeps a cache that is not a plain prefix, and its mask counts cache slots, not
+    positions. Layers are read from ``layer_types``, else inferred as transformers does: a
+    ``sliding_window`` (unless ``use_sliding_window`` is false) or an ``attention_chunk_size``."""
+    layer_types = set(getattr(config, "layer_types", None) or [])
+    if layer_types - {"full_attention"}:
         return f"its layer types are {sorted(layer_types)}, not only full_attention"
+    if not layer_types:
+        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+            return f"it attends over a sliding window of {config.sliding_window} tokens"
+        if getattr(config, "attention_chunk_size", None):
+            return "it attends in chunks (attention_chunk_size)"
     return None
+
+
+def clamped_prompt_lens(prompt_lens: Tensor, seq_lens: Tensor) -> Tensor:
+    """Prompt lengths within ``[1, seq_len]``: position 0 is always prompt (nothing predicts
+    it), and a prompt cannot be longer than its row."""
+    return prompt_lens.clamp(min=1).minimum(seq_lens)
 
 
 def prompt_groups(input_ids: Tensor, prompt_lens: Tensor) -> list[list[int]]:
@@ -73,13 +90,14 @@ def shared_cost(prompt_lens: list[int], seq_lens: list[int], groups: int) -> int
 
 def share_prompts(input_ids: Tensor, attention_mask: Tensor, prompt_lens: Tensor) -> SharedPrompts:
     """The shared-prompt layout of right-padded rows (``n_prompts == N`` when nothing is shared)."""
+    device = input_ids.device
+    input_ids, attention_mask = input_ids.cpu(), attention_mask.cpu()  # one copy each
     n, width = input_ids.shape
-    seq_lens = attention_mask.sum(-1).cpu()
-    prompt_lens = prompt_lens.cpu().clamp(min=1).minimum(seq_lens)
-    groups = prompt_groups(input_ids.cpu(), prompt_lens)
+    seq_lens = attention_mask.sum(-1)
+    prompt_lens = clamped_prompt_lens(prompt_lens.cpu(), seq_lens)
+    groups = prompt_groups(input_ids, prompt_lens)
     suffix_lens = seq_lens - prompt_lens
     s = max(int(suffix_lens.max()), 1)  # rows that are all prompt get one padding position
-    device = input_ids.device
     u, p = len(groups), int(prompt_lens.max())
     owner = torch.empty(n, dtype=torch.long)
     firsts = torch.tensor([g[0] for g in groups])
@@ -87,16 +105,16 @@ def share_prompts(input_ids: Tensor, attention_mask: Tensor, prompt_lens: Tensor
         owner[rows] = g
     cols_p, cols_s, cols_t = torch.arange(p), torch.arange(s), torch.arange(width)
     prompt_mask = (cols_p < prompt_lens[firsts, None]).long()
-    prompt_ids = input_ids.cpu()[firsts, :p] * prompt_mask
+    prompt_ids = input_ids[firsts, :p] * prompt_mask
     suffix_mask = (cols_s < suffix_lens[:, None]).long()
     gather = (prompt_lens[:, None] + cols_s).clamp(max=width - 1)
-    suffix_ids = input_ids.cpu().gather(1, gather) * suffix_mask
+    suffix_ids = input_ids.gather(1, gather) * suffix_mask
     in_prompt = cols_t < prompt_lens[:, None]
     from_prompt = owner[:, None] * p + cols_t.clamp(max=p - 1)
     from_suffix = (
         u * p + torch.arange(n)[:, None] * s + (cols_t - prompt_lens[:, None]).clamp(0, s - 1)
     )
-    source = torch.where(in_prompt, from_prompt, from_suffix) * attention_mask.cpu()
+    source = torch.where(in_prompt, from_prompt, from_suffix) * attention_mask
     return SharedPrompts(
         prompt_ids=prompt_ids.to(device),
         prompt_mask=prompt_mask.to(device),
@@ -108,17 +126,25 @@ def share_prompts(input_ids: Tensor, attention_mask: Tensor, prompt_lens: Tensor
     )
 
 
+def cache_kwarg(model: nn.Module) -> str:
+    """The name transformers gives the KV cache argument and output: ``cache`` since 5.2x,
+    ``past_key_values`` before (the GPU image's version). A peft model passes it through."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 def shared_logits(model: nn.Module, layout: SharedPrompts) -> Tensor:
     """The ``[U·P + N·S, V]`` logits table: one prompt pass, then one pass of the suffixes."""
+    name = cache_kwarg(model)
     prompts = model(input_ids=layout.prompt_ids, attention_mask=layout.prompt_mask, use_cache=True)
-    cache = prompts.cache
+    cache = getattr(prompts, name)
     cache.batch_select_indices(layout.owner)  # [U, ...] -> [N, ...]; backward sums the rows
     suffixes = model(
         input_ids=layout.suffix_ids,
         attention_mask=torch.cat([layout.prompt_mask[layout.owner], layout.suffix_mask], dim=1),
         position_ids=layout.suffix_positions,
-        cache=cache,
         use_cache=True,
+        **{name: cache},
     )
     vocab = prompts.logits.shape[-1]
     return torch.cat([prompts.logits.reshape(-1, vocab), suffixes.logits.reshape(-1, vocab)])
@@ -162,14 +188,15 @@ def shared_micro_batch_indices(batch: TrainBatch, max_tokens: int) -> list[Tenso
     """
     if max_tokens < 1:
         raise ValueError(f"micro_batch_tokens={max_tokens} must be >= 1")
-    seq = batch.seq_lens.clamp(min=1).tolist()
-    plen = [min(max(int(p), 1), s) for p, s in zip(batch.prompt_lens.tolist(), seq, strict=True)]
+    seq_lens = batch.seq_lens.clamp(min=1)
+    prompt_lens = clamped_prompt_lens(batch.prompt_lens, seq_lens)
+    seq, plen = seq_lens.tolist(), prompt_lens.tolist()
 
     def cost(rows: list[int], groups: int) -> int:
         return shared_cost([plen[r] for r in rows], [seq[r] for r in rows], groups)
 
     units: list[list[int]] = []
-    for rows in prompt_groups(batch.input_ids, batch.prompt_lens):
+    for rows in prompt_groups(batch.input_ids, prompt_lens):
         piece: list[int] = []
         for row in sorted(rows, key=lambda r: -seq[r]):
             if piece and cost([*piece, row], 1) > max_tokens:

@@ -191,8 +191,36 @@ def test_models_whose_cache_is_not_a_plain_prefix_do_not_share(model_dir) -> Non
     sliding = SimpleNamespace(layer_types=["full_attention", "sliding_attention"])
     assert "sliding_attention" in sharing_unsupported(sliding)
     assert sharing_unsupported(SimpleNamespace()) is None  # no layer_types: full attention
+    # without layer_types, layers are inferred as transformers does (Mistral, Qwen2, Llama 4)
+    assert "sliding window of 4096" in sharing_unsupported(SimpleNamespace(sliding_window=4096))
+    qwen2 = SimpleNamespace(sliding_window=4096, use_sliding_window=False)
+    assert sharing_unsupported(qwen2) is None
+    assert "chunks" in sharing_unsupported(SimpleNamespace(attention_chunk_size=8192))
     learner = Learner(model_dir, **SGD_LIKE, micro_batch_tokens=100, share_prompts=True)
     assert learner.prompt_sharing
     critic = Learner(model_dir, **SGD_LIKE, micro_batch_tokens=100, share_prompts=True,
                      with_value_head=True)  # fmt: skip
     assert not critic.prompt_sharing  # a critic stays padded
+
+
+def test_the_cache_argument_follows_the_transformers_version() -> None:
+    from core.training.shared_prompts import cache_kwarg
+
+    class Before(torch.nn.Module):  # transformers < 5.2x
+        def forward(self, input_ids, past_key_values=None, use_cache=None): ...
+
+    class After(torch.nn.Module):
+        def forward(self, input_ids, cache=None, use_cache=None): ...
+
+    class Peft(torch.nn.Module):  # a peft model forwards **kwargs to its base model
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+
+        def get_base_model(self):
+            return self.base
+
+        def forward(self, *args, **kwargs): ...
+
+    assert cache_kwarg(Before()) == "past_key_values" == cache_kwarg(Peft(Before()))
+    assert cache_kwarg(After()) == "cache" == cache_kwarg(Peft(After()))
