@@ -30,7 +30,7 @@ from typing import Any
 from fsspec.core import url_to_fs
 
 from core.config import Config
-from core.storage import is_local, join
+from core.storage import is_local, join, write_text
 
 logger = logging.getLogger(__name__)
 
@@ -141,15 +141,8 @@ class RunLock:
             raise RunLockedError(self._owned_message(current or {}))
 
     def _write(self, blob: str) -> None:
-        """Replace the record whole: a reader never sees a half-written one."""
-        if is_local(self.url):
-            staging = f"{self.path}.{self.token}"
-            with open(staging, "w") as f:
-                f.write(blob)
-            os.replace(staging, self.path)
-        else:  # an object PUT is atomic
-            with self.fs.open(self.path, "w") as f:
-                f.write(blob)
+        """Replace the record whole: a reader never sees a half-written one (``write_text``)."""
+        write_text(self.url, blob)
 
     def read(self) -> dict[str, Any] | None:
         """The lock's record, or None when the folder is not locked."""

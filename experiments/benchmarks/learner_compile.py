@@ -21,21 +21,13 @@ import argparse
 import json
 import logging
 import platform
-import time
 from pathlib import Path
 
 import torch
 from transformers import Qwen2ForCausalLM
 
 from core.models.builder import preset_config
-from core.training.batch import TrainBatch
-from core.training.shared_prompts import (
-    logprobs_from_rows,
-    share_prompts,
-    shared_logits,
-    shared_micro_batch_indices,
-)
-from experiments.benchmarks.learner_packing import make_batch
+from experiments.benchmarks.learner_packing import make_batch, shared_micro_batches, step
 
 logger = logging.getLogger("learner_compile")
 
@@ -55,20 +47,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def step(model: torch.nn.Module, batch: TrainBatch, budget: int) -> float:
-    """Seconds of one shared-prompt forward+backward over ``batch``."""
-    start = time.perf_counter()
-    for rows in shared_micro_batch_indices(batch, budget):
-        micro = batch.select(rows).trim()
-        layout = share_prompts(micro.input_ids, micro.attention_mask, micro.prompt_lens)
-        table = shared_logits(model, layout)
-        logprobs, _ = logprobs_from_rows(
-            table, layout.source, micro.input_ids, micro.attention_mask
-        )
-        (-(logprobs * micro.loss_mask).sum()).backward()
-    return time.perf_counter() - start
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -79,10 +57,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for seed in range(args.batches):
         batch = make_batch(args, seed=seed)
+        micros = shared_micro_batches(batch, args.micro_batch_tokens)
         times = {}
         for name, module in (("eager", model), ("compiled", compiled)):
             model.zero_grad(set_to_none=True)
-            times[name] = step(module, batch, args.micro_batch_tokens)
+            times[name] = step(module, micros, "shared")[0]
         rows.append({"batch": seed, "width": batch.width, **times})
         logger.info("batch %d (width %d): eager %.3f s, compiled %.3f s", seed, batch.width,
                     times["eager"], times["compiled"])  # fmt: skip

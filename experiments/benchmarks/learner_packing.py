@@ -85,32 +85,32 @@ def make_batch(args: argparse.Namespace, seed: int = 0) -> TrainBatch:
                       prompt_lens=prompt)  # fmt: skip
 
 
+def shared_micro_batches(batch: TrainBatch, max_tokens: int) -> list[TrainBatch]:
+    """The learner's micro-batches when it shares prompts (groups kept together)."""
+    return [batch.select(rows).trim() for rows in shared_micro_batch_indices(batch, max_tokens)]
+
+
 def step(model: torch.nn.Module, micros: list[TrainBatch], widen: float | str) -> tuple[float, int]:
     """One forward+backward over ``micros`` (packed into rows ``widen`` times as wide as the
     longest when ``widen > 0``, ``"shared"`` for shared prompts); returns seconds and the
     positions computed."""
     start, positions = time.perf_counter(), 0
     for micro in micros:
+        ids, mask = micro.input_ids, micro.attention_mask
         if widen == "shared":
-            shared = share_prompts(micro.input_ids, micro.attention_mask, micro.prompt_lens)
-            table = shared_logits(model, shared)
-            logprobs, _ = logprobs_from_rows(
-                table, shared.source, micro.input_ids, micro.attention_mask
-            )
+            shared = share_prompts(ids, mask, micro.prompt_lens)
+            logprobs, _ = logprobs_from_rows(shared_logits(model, shared), shared.source, ids, mask)
             positions += shared.prompt_ids.numel() + shared.suffix_ids.numel()
-            (-(logprobs * micro.loss_mask).sum()).backward()
-            continue
-        if widen:
-            width = int(widen * micro.width)
-            layout = pack_rows(micro.input_ids, micro.attention_mask, width=width)
-            logits = unpack(model(input_ids=layout.input_ids, position_ids=layout.position_ids,
-                                  use_cache=False).logits, layout)  # fmt: skip
-            positions += layout.input_ids.numel()
         else:
-            logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
-                           use_cache=False).logits  # fmt: skip
-            positions += micro.input_ids.numel()
-        logprobs = logprobs_from_logits(logits, micro.input_ids, micro.attention_mask)
+            if widen:
+                layout = pack_rows(ids, mask, width=int(widen * micro.width))
+                logits = unpack(model(input_ids=layout.input_ids, position_ids=layout.position_ids,
+                                      use_cache=False).logits, layout)  # fmt: skip
+                positions += layout.input_ids.numel()
+            else:
+                logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+                positions += ids.numel()
+            logprobs = logprobs_from_logits(logits, ids, mask)
         (-(logprobs * micro.loss_mask).sum()).backward()
     return time.perf_counter() - start, positions
 
@@ -120,8 +120,7 @@ def measure(preset: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     model = Qwen2ForCausalLM(preset_config(preset, vocab_size=args.vocab_size, pad_token_id=0))
     batch = make_batch(args)
     padded_micros = micro_batches(batch, args.micro_batch_tokens)
-    shared_micros = [batch.select(rows).trim()
-                     for rows in shared_micro_batch_indices(batch, args.micro_batch_tokens)]  # fmt: skip
+    shared_micros = shared_micro_batches(batch, args.micro_batch_tokens)
     rows = []
     for widen in [0.0, *args.widths, "shared"]:
         micros = shared_micros if widen == "shared" else padded_micros

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from core.models import load_model
-from core.training import collate, spawn_local
+from core.training import collate, shard_rows, spawn_local
 from core.training.batch import micro_batch_indices
 from core.training.logprobs import entropy_from_logits, logprobs_from_logits
 from core.training.shared_prompts import (
@@ -26,7 +26,6 @@ from tests.core.training.helpers import (
     SGD_LIKE,
     make_trajectories,
     max_abs_diff,
-    ppo_batch,
     ppo_run,
     ppo_runs,
 )
@@ -34,9 +33,9 @@ from tests.core.training.helpers import (
 pytestmark = pytest.mark.unit
 
 
-def grouped_batch(tokenizer, n_prompts: int, group: int, *, seed: int = 0):
+def grouped_trajectories(tokenizer, n_prompts: int, group: int, *, seed: int = 0):
     """Arithmetic rows re-dealt as ``group`` samples per prompt, shuffled (groups need not be
-    contiguous), every seventh row all prompt; behaviour log-probs and advantages for PPO."""
+    contiguous), every seventh row all prompt."""
     rng = random.Random(seed)
     trajectories = make_trajectories(tokenizer, n_prompts * group, seed=seed)
     prompts = [t.input_ids[: t.prompt_len] for t in trajectories[:n_prompts]]
@@ -49,11 +48,21 @@ def grouped_batch(tokenizer, n_prompts: int, group: int, *, seed: int = 0):
         t.versions = [-1] * len(prompt) + [0] * len(response)
         t.prompt_len = len(prompt)
     rng.shuffle(trajectories)
+    return trajectories
+
+
+def ppo_collate(tokenizer, trajectories, *, seed: int = 0):
+    """The trajectories as a batch with behaviour log-probs and advantages for PPO."""
     batch = collate(trajectories, tokenizer.pad_token_id)
     batch.behaviour_logprobs = torch.where(batch.loss_mask != 0, -0.5 * batch.loss_mask, 0.0)
     gen = torch.Generator().manual_seed(seed)
     advantages = torch.randn(len(batch), 1, generator=gen) * batch.loss_mask
     return batch.with_fields(advantages=advantages)
+
+
+def grouped_batch(tokenizer, n_prompts: int, group: int, *, seed: int = 0):
+    trajectories = grouped_trajectories(tokenizer, n_prompts, group, seed=seed)
+    return ppo_collate(tokenizer, trajectories, seed=seed)
 
 
 def test_the_layout_holds_each_prompt_once_and_every_token_in_place(model_dir, tokenizer) -> None:
@@ -143,13 +152,13 @@ def test_shared_lora_steps_equal_padded_ones(model_dir, tokenizer) -> None:
 def test_two_sharded_ranks_with_shared_prompts_match_one_padded_process(model_dir, tokenizer):
     """Rank 0 holds groups, rank 1 rows that share nothing and, with a tight budget, fewer
     micro-batches (placeholder passes): every rank still makes the same FSDP passes."""
-    grouped = grouped_batch(tokenizer, 2, 4, seed=5)
-    singles = ppo_batch(model_dir, tokenizer, 8, seed=6)
-    singles = singles.with_fields(advantages=singles["advantages"])
-    batch = _concat(grouped, singles)
+    grouped = grouped_trajectories(tokenizer, 2, 4, seed=5)
+    singles = make_trajectories(tokenizer, 8, seed=6)
+    batch = ppo_collate(tokenizer, grouped + singles, seed=5)
 
     def counts(budget: int) -> list[int]:
-        return [len(shared_micro_batch_indices(half.trim(), budget)) for half in (grouped, singles)]
+        halves = (shard_rows(batch, rank, 2) for rank in range(2))
+        return [len(shared_micro_batch_indices(half, budget)) for half in halves]
 
     budget = next(b for b in range(30, 400) if counts(b)[0] != counts(b)[1])
     run = dict(learner_kw={**SGD_LIKE, "share_prompts": True}, micro_batch_tokens=budget)
@@ -162,23 +171,6 @@ def test_two_sharded_ranks_with_shared_prompts_match_one_padded_process(model_di
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-9), key
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
     assert max_abs_diff(single["state"], two["state"]) <= 1e-6
-
-
-def _concat(a, b):
-    """Rows of ``a`` then ``b``, padded to one width."""
-    from core.training.batch import TrainBatch
-
-    width = max(a.width, b.width)
-
-    def pad(x, value):
-        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
-
-    token = {"input_ids": 0, "attention_mask": 0, "loss_mask": 0.0, "behaviour_logprobs": 0.0,
-             "versions": -1}  # fmt: skip
-    core = {k: torch.cat([pad(getattr(a, k), v), pad(getattr(b, k), v)]) for k, v in token.items()}
-    rows = {k: torch.cat([getattr(a, k), getattr(b, k)]) for k in ("rewards", "prompt_lens")}
-    fields = {"advantages": torch.cat([pad(a["advantages"], 0.0), pad(b["advantages"], 0.0)])}
-    return TrainBatch(**core, **rows, fields=fields)
 
 
 def test_models_whose_cache_is_not_a_plain_prefix_do_not_share(model_dir) -> None:
