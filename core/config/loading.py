@@ -203,7 +203,7 @@ POSITIVE = (
 )  # fmt: skip
 NON_NEGATIVE = (
     "rollout.max_staleness", "rollout.top_k", "rollout.tool_latency_s", "learner.total_steps",
-    "rollout.tool_latency_p99_s",
+    "rollout.tool_latency_p99_s", "rollout.prefix_cache_tokens",
     "sft.steps", "sft.warmup_steps", "sft.weight_decay", "sft.max_grad_norm",
     "eval.every_n_steps", "eval.n_samples", "eval.n_problems", "checkpoint.every_n_steps",
     "data.n_train", "data.n_test", "cluster.n_gpus_per_node", "data.max_prompt_tokens",

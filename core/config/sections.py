@@ -286,6 +286,12 @@ class RolloutConfig:
         "older than max_staleness either way; off = always admit up to max_staleness.",
     )
     max_concurrent: int = documented(64, "Most episodes in flight at once.")
+    prefix_cache_tokens: int = documented(
+        131_072,
+        "Tokens of finished requests' KV cache the in-process engine keeps, so a request that "
+        "continues one (an agent's next call) prefills only its new tokens; 0 = off. Cleared "
+        "on every weight update.",
+    )
     max_new_tokens: int = documented(64, "Generation budget per completion.")
     temperature: float = documented(
         1.0, "Sampling temperature (the learner scales its logits the same way)."

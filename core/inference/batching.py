@@ -31,6 +31,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from core.inference.api import GenerationRequest, GenerationResponse, StopReason
 from core.inference.kv_batch import LiveBatch, left_pad, splice_supported
+from core.inference.prefix_cache import PrefixCache
 from core.inference.sampling import BatchSampling, sample_next
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class RoundStats:
     prefill_tokens: int = 0
     reprefilled_tokens: int = 0  # generated tokens prefilled again (the cost of re-batching)
     shared_prefill_tokens: int = 0  # tokens a request got from an identical one's prefill
+    prefix_cached_tokens: int = 0  # tokens a request got from a finished request it continues
     prefill_s: float = 0.0
     decode_steps: int = 0
     decode_s: float = 0.0
@@ -106,6 +108,7 @@ class EngineStats:
     prefill_tokens: int = 0
     reprefilled_tokens: int = 0
     shared_prefill_tokens: int = 0
+    prefix_cached_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     aborted: int = 0
@@ -118,6 +121,7 @@ class EngineStats:
         self.prefill_tokens += r.prefill_tokens
         self.reprefilled_tokens += r.reprefilled_tokens
         self.shared_prefill_tokens += r.shared_prefill_tokens
+        self.prefix_cached_tokens += r.prefix_cached_tokens
         self.prefill_s += r.prefill_s
         self.decode_s += r.decode_s
 
@@ -157,12 +161,15 @@ class BatchDecoder:
         generator: torch.Generator,
         splice: bool = True,
         share_prefill: bool = True,
+        prefix_cache_tokens: int = 0,
     ) -> None:
         self.model = model
         self.pad_id = pad_id
         self.generator = generator
         self.splice = splice  # turned off for good if the cache layers cannot be spliced
         self.share_prefill = share_prefill  # needs splicing too: a copied cache is a spliced one
+        # finished requests' caches (needs splicing too: a continuation joins as a spliced row)
+        self.prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         # transformers 5.2x renamed ``past_key_values`` to ``cache``; the GPU image has an older 5.x.
@@ -174,6 +181,11 @@ class BatchDecoder:
     def reset(self) -> None:
         """Forget the kept batch (after a pause that removed rows, a weight update, an error)."""
         self.live = None
+
+    def forget_prefixes(self) -> None:
+        """Drop the finished requests' caches (new weights make them wrong)."""
+        if self.prefixes is not None:
+            self.prefixes.clear()
 
     def _forward(self, ids, mask, positions, cache: DynamicCache) -> torch.Tensor:
         out = self.model(
@@ -187,6 +199,50 @@ class BatchDecoder:
         return out.logits[:, -1, :].float()
 
     def _prefill(self, slots: list[Slot], stats: RoundStats) -> tuple[LiveBatch, torch.Tensor]:
+        """The batch of ``slots`` (in any order: ``live.rows`` says which) and its logits."""
+        hits = []
+        if self.prefixes is not None and self.splice:
+            taken = [(s, self.prefixes.take(s.request.input_ids + s.output)) for s in slots]
+            hits = [(s, prefix) for s, prefix in taken if prefix is not None]
+            slots = [s for s, prefix in taken if prefix is None]
+        if not hits:
+            return self._prefill_all(slots, stats)
+        live, logits = self._prefill_continuations(hits, stats)
+        if slots:
+            rest, rest_logits = self._prefill_all(slots, stats)
+            rest.extend(live)
+            live, logits = rest, torch.cat([rest_logits, logits], dim=0)
+        return live, logits
+
+    def _prefill_continuations(
+        self, hits: list, stats: RoundStats
+    ) -> tuple[LiveBatch, torch.Tensor]:
+        """Rows that continue a cached prefix: each row's cache is the prefix (left-padded to
+        the longest), then a gap of padding, then its new tokens (left-padded to the longest)."""
+        start = time.perf_counter()
+        suffixes = [(s.request.input_ids + s.output)[len(p) :] for s, p in hits]
+        cached = max(len(p) for _, p in hits)
+        ids, new_mask, _ = left_pad(suffixes, self.pad_id, self.device)
+        old_mask = torch.zeros((len(hits), cached), dtype=torch.long, device=self.device)
+        positions = torch.zeros_like(ids)
+        for row, ((_, prefix), suffix) in enumerate(zip(hits, suffixes, strict=True)):
+            old_mask[row, cached - len(prefix) :] = 1
+            positions[row, ids.shape[1] - len(suffix) :] = torch.arange(
+                len(prefix), len(prefix) + len(suffix), device=self.device
+            )
+        cache = DynamicCache(config=self.model.config)
+        for layer, per_row in enumerate(zip(*(p.layers for _, p in hits), strict=True)):
+            keys = torch.stack([_left_pad_tokens(k, cached) for k, _ in per_row])
+            values = torch.stack([_left_pad_tokens(v, cached) for _, v in per_row])
+            cache.update(keys, values, layer)
+        mask = torch.cat([old_mask, new_mask], dim=1)
+        logits = self._forward(ids, mask, positions, cache)
+        stats.prefill_tokens += sum(map(len, suffixes))
+        stats.prefix_cached_tokens += sum(len(p) for _, p in hits)
+        stats.prefill_s += time.perf_counter() - start
+        return LiveBatch([s for s, _ in hits], cache, mask, positions[:, -1:]), logits
+
+    def _prefill_all(self, slots: list[Slot], stats: RoundStats) -> tuple[LiveBatch, torch.Tensor]:
         start = time.perf_counter()
         sequences = [s.request.input_ids + s.output for s in slots]
         # a slot with output was prefilled before: this is the cost of not splicing
@@ -214,7 +270,7 @@ class BatchDecoder:
             if shared:  # the cache cannot be copied row by row either: prefill every row
                 stats.prefill_tokens -= n_computed
                 stats.prefill_s += time.perf_counter() - start
-                return self._prefill(slots, stats)
+                return self._prefill_all(slots, stats)
         if shared:
             live.select(member_of)  # each member gets its own copy of its group's cache
             live.rows = list(slots)
@@ -270,9 +326,13 @@ class BatchDecoder:
             start = time.perf_counter()
             positions = self._positions(live.rows)
             tokens, logprobs = sample_next(logits, sampling, self.generator, positions)
-            n_open = self._record(
-                live.rows, tokens.tolist(), logprobs.tolist(), version, on_finish, stats
+            n_open, finished = self._record(
+                live.rows, tokens.tolist(), logprobs.tolist(), version, stats
             )
+            if finished and self.prefixes is not None and self.splice:
+                self._remember(live, finished)  # before the caller can send its next call
+            for row in finished:
+                on_finish(live.rows[row])
             stats.decode_s += time.perf_counter() - start
             stats.decode_steps += 1
             if n_open == 0:
@@ -292,9 +352,27 @@ class BatchDecoder:
         lengths = [len(s.request.input_ids) + len(s.output) for s in slots]
         return torch.tensor(lengths, dtype=torch.long, device=self.device)
 
-    def _record(self, slots, tokens, logprobs, version, on_finish, stats: RoundStats) -> int:
+    def _remember(self, live: LiveBatch, rows: list[int]) -> None:
+        """Keep the cache of rows that just finished: it holds every token they read."""
+        assert self.prefixes is not None
+        layers = [(layer.keys, layer.values) for layer in live.cache.layers]
+        for row in rows:
+            slot = live.rows[row]
+            tokens = slot.request.input_ids + slot.output[:-1]  # the last token was never read
+            columns = live.mask[row].bool()
+            if int(columns.sum()) != len(tokens):
+                continue  # not what this row's cache holds: keep nothing rather than guess
+            self.prefixes.store(
+                tokens,
+                [(k[row][:, columns].clone(), v[row][:, columns].clone()) for k, v in layers],
+            )
+
+    def _record(self, slots, tokens, logprobs, version, stats: RoundStats) -> tuple[int, list[int]]:
+        """Append each open row's token; returns how many rows are still open and which rows
+        finished with this token."""
         n_open = 0
-        for slot, token, logprob in zip(slots, tokens, logprobs, strict=True):
+        finished = []
+        for row, (slot, token, logprob) in enumerate(zip(slots, tokens, logprobs, strict=True)):
             if slot.finish is None and slot.cancelled:
                 slot.finish = "abort"  # nobody is waiting: stop spending compute on it
             if slot.finish is not None:
@@ -303,7 +381,13 @@ class BatchDecoder:
             stats.tokens += 1
             self.tokens_total += 1
             if slot.finish is not None:
-                on_finish(slot)
+                finished.append(row)
             else:
                 n_open += 1
-        return n_open
+        return n_open, finished
+
+
+def _left_pad_tokens(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``[H, L, D]`` -> ``[H, width, D]`` with zeros before the ``L`` cached tokens."""
+    missing = width - t.shape[1]
+    return torch.nn.functional.pad(t, (0, 0, missing, 0)) if missing else t

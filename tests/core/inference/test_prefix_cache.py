@@ -1,0 +1,109 @@
+"""The engine's prefix cache: a request that continues a finished one prefills only its new tokens,
+and samples exactly what it would have sampled from a full prefill."""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from core.inference.api import GenerationRequest, SamplingParams, WeightSource
+from core.inference.hf_engine import HFEngine
+from core.inference.prefix_cache import PrefixCache
+from core.models import load_model
+from tests.core.inference.helpers import run, teacher_logprobs
+
+
+def layers(n: int, fill: float = 0.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.full((2, n, 4), fill), torch.full((2, n, 4), fill))]
+
+
+def test_longest_proper_prefix_is_taken_and_budget_evicts_oldest() -> None:
+    cache = PrefixCache(max_tokens=10)
+    cache.store([1, 2], layers(2, 1.0))
+    cache.store([1, 2, 3, 4], layers(4, 2.0))
+    hit = cache.take([1, 2, 3, 4, 5])
+    assert hit is not None and hit.tokens == (1, 2, 3, 4) and float(hit.layers[0][0][0, 0, 0]) == 2
+    assert cache.take([1, 2, 3, 4, 5]).tokens == (1, 2)  # the longer one was taken out
+    assert len(cache) == 0 and cache.tokens == 0
+    cache.store([3, 3], layers(2))
+    assert cache.take([3, 3]) is None  # equal, not a proper prefix: nothing left to compute
+    assert cache.take([3, 4, 5]) is None
+    cache.clear()
+
+    cache.store([7] * 6, layers(6))
+    cache.store([8] * 3, layers(3))
+    cache.store([9] * 3, layers(3))  # 12 > 10 tokens: the oldest entry goes
+    assert cache.tokens == 6 and cache.take([7] * 7) is None and cache.take([8] * 4) is not None
+    cache.store([5] * 11, layers(11))  # larger than the whole budget: not kept
+    assert cache.take([5] * 12) is None
+
+
+def conversation(engine: HFEngine, prompts, n_turns: int, temperature: float):
+    """Episodes of ``n_turns`` calls, run concurrently; each call's prompt is the last prompt,
+    its output and a few new "tool" tokens (of different lengths per episode)."""
+
+    async def episode(i: int) -> list[tuple[list[int], list[int], list[float]]]:
+        prompt = list(prompts[i])
+        calls = []
+        for turn in range(n_turns):
+            sampling = SamplingParams(max_new_tokens=6 + 3 * i, temperature=temperature, seed=i)
+            resp = await engine.agenerate(GenerationRequest(prompt, sampling))
+            calls.append((prompt, resp.output_ids, resp.logprobs))
+            prompt = prompt + resp.output_ids + prompts[10 + i][: 3 + 4 * ((i + turn) % 3)]
+        return calls
+
+    async def main():
+        return await asyncio.gather(*(episode(i) for i in range(4)))
+
+    return run(main())
+
+
+def test_continuations_prefill_only_new_tokens_and_sample_the_same(
+    model_dir, ref_model, prompts
+) -> None:
+    """Four concurrent 3-call conversations (rows with different cached and new lengths joining
+    a live batch): the same tokens as an engine without the cache, log-probs equal to a
+    teacher-forced pass, and the cached prefixes counted instead of prefilled."""
+    results = {}
+    for size in (0, 4096):
+        with HFEngine(load_model(model_dir), None, chunk_tokens=2, prefix_cache_tokens=size) as e:
+            results[size] = conversation(e, prompts, n_turns=3, temperature=1.0)
+            stats = e.stats
+        if size:
+            cached = stats.prefix_cached_tokens
+            # every later call continues its own last call: prompt + output minus the last token
+            expected = sum(len(p) + len(o) - 1 for ep in results[size] for p, o, _ in ep[:-1])
+            assert cached == expected
+        else:
+            assert stats.prefix_cached_tokens == 0
+            full_prefill = stats.prefill_tokens
+    assert stats.prefill_tokens + cached == full_prefill  # nothing computed twice, nothing lost
+    for with_cache, without in zip(results[4096], results[0], strict=True):
+        for (prompt, out, logprobs), (_, out0, logprobs0) in zip(with_cache, without, strict=True):
+            assert out == out0
+            torch.testing.assert_close(
+                torch.tensor(logprobs), torch.tensor(logprobs0), atol=1e-5, rtol=0
+            )
+            expected = teacher_logprobs(ref_model, prompt, out, 1.0)
+            torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_new_weights_clear_the_cache(model_dir, new_state, prompts) -> None:
+    """After a weight update nothing computed with the old weights is reused."""
+    greedy = SamplingParams(max_new_tokens=5, temperature=0.0)
+
+    async def main(engine: HFEngine) -> int:
+        first = await engine.agenerate(GenerationRequest(prompts[0], greedy))
+        follow = prompts[0] + first.output_ids + prompts[1][:4]
+        await engine.pause()
+        await engine.update_weights(WeightSource(state_dict=new_state), 1)
+        await engine.resume()
+        second = await engine.agenerate(GenerationRequest(follow, greedy))  # must not hit
+        # the version-1 request's own cache serves the next call
+        await engine.agenerate(GenerationRequest(follow + second.output_ids + [5], greedy))
+        return len(follow) + len(second.output_ids) - 1
+
+    with HFEngine(load_model(model_dir), None, prefix_cache_tokens=4096) as engine:
+        only_the_last_call = run(main(engine))
+    assert engine.stats.prefix_cached_tokens == only_the_last_call
