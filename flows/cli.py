@@ -471,6 +471,7 @@ def bench(
         err_console.print(f"[bold red]error:[/] no benchmark {name!r}; choose one of {choices}")
         raise typer.Exit(code=2)
     sys.argv = [str(script), *ctx.args]
+    _stop_on_sigterm()  # a stopped benchmark takes its runs' workers with it, as `run` does
     runpy.run_path(str(script), run_name="__main__")
 
 

@@ -362,9 +362,9 @@ class BatchDecoder:
             columns = live.mask[row].bool()
             if int(columns.sum()) != len(tokens):
                 continue  # not what this row's cache holds: keep nothing rather than guess
+            # boolean indexing copies: the entry does not pin the batch's cache
             self.prefixes.store(
-                tokens,
-                [(k[row][:, columns].clone(), v[row][:, columns].clone()) for k, v in layers],
+                tokens, [(k[row][:, columns], v[row][:, columns]) for k, v in layers]
             )
 
     def _record(self, slots, tokens, logprobs, version, stats: RoundStats) -> tuple[int, list[int]]:

@@ -5,13 +5,18 @@ previous returns) for ``--duration-s`` seconds; we report generated tokens/s, re
 engine's batching (requests per round, live rows per decode step) and how much model time went
 to (re-)prefill. Engine modes: ``splice`` keeps the KV cache of running rows when requests join
 or leave, ``reprefill`` re-prefills them every round, ``noshare`` splices but prefills every
-request of a group itself (no shared prefill). With ``--group-size G`` the clients submit groups
-of ``G`` requests for one prompt at once, as GRPO's rollouts do (``c`` then counts requests:
-``c / G`` clients). For context, ``HF generate`` on one static batch of ``c`` prompts is
-measured too.
+request of a group itself (no shared prefill), ``noprefix`` splices but keeps no finished
+request's cache (every call of a conversation prefills it all). With ``--group-size G`` the
+clients submit groups of ``G`` requests for one prompt at once, as GRPO's rollouts do (``c``
+then counts requests: ``c / G`` clients). With ``--turns T`` each client holds conversations of
+``T`` calls instead, as an agent does: each call's prompt is the last prompt, its output and
+``--tool-tokens`` new tokens (a tool result). For context, ``HF generate`` on one static batch
+of ``c`` prompts is measured too.
 
     python experiments/benchmarks/engine_throughput.py --concurrency 1,8,32,128 --out runs/bench
     python experiments/benchmarks/engine_throughput.py --group-size 8 --modes splice,noshare \
+        --concurrency 8,32,128 --no-hf-baseline
+    python experiments/benchmarks/engine_throughput.py --turns 8 --modes splice,noprefix \
         --concurrency 8,32,128 --no-hf-baseline
 
 Without ``--model`` a tiny (~1M parameter) Qwen2 is built on the fly. Writes
@@ -34,6 +39,7 @@ from typing import Any
 import torch
 
 from core.inference import GenerationRequest, HFEngine, SamplingParams
+from core.inference.hf_engine import DEFAULT_PREFIX_CACHE_TOKENS
 from core.models import create_pretrained, load_model, load_tokenizer
 
 logger = logging.getLogger("engine_throughput")
@@ -44,8 +50,8 @@ CORPUS = [
     for b in range(20)
 ]
 COUNTERS = ("requests_served", "tokens_generated", "batches", "rows", "decode_steps",
-            "prefill_tokens", "reprefilled_tokens", "shared_prefill_tokens", "prefill_s",
-            "decode_s")  # fmt: skip
+            "prefill_tokens", "reprefilled_tokens", "shared_prefill_tokens",
+            "prefix_cached_tokens", "prefill_s", "decode_s")  # fmt: skip
 
 
 def parse_args() -> argparse.Namespace:
@@ -66,10 +72,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--modes",
         default="splice,reprefill",
-        help="engine modes: 'splice' (KV cache kept across rounds, groups prefilled once), "
-        "'reprefill' and/or 'noshare' (splice, but each request of a group prefilled itself)",
+        help="engine modes: 'splice' (KV cache kept across rounds, groups prefilled once, "
+        "finished requests' caches kept for continuations), 'reprefill', 'noshare' (splice, but "
+        "each request of a group prefilled itself) and/or 'noprefix' (splice, no caches kept)",
     )
     p.add_argument("--group-size", type=int, default=1, help="requests per prompt, sent together")
+    p.add_argument("--turns", type=int, default=1, help="calls per conversation (group size 1)")
+    p.add_argument("--tool-tokens", type=int, default=24, help="new tokens between two calls")
     p.add_argument("--no-hf-baseline", action="store_true", help="skip the HF generate baseline")
     p.add_argument("--out", default="runs/benchmarks/engine_throughput")
     return p.parse_args()
@@ -90,9 +99,12 @@ async def run_level(
     sampling: SamplingParams,
     duration_s: float,
     group_size: int = 1,
+    turns: int = 1,
+    tool_tokens: int = 24,
 ) -> dict[str, Any]:
     """``concurrency`` requests in flight for ``duration_s`` (closed-loop clients, each sending
-    ``group_size`` requests of one prompt at once); returns throughput and latencies."""
+    ``group_size`` requests of one prompt at once, or holding ``turns``-call conversations);
+    returns throughput and latencies."""
     latencies: list[float] = []
     tokens = 0
     deadline = time.perf_counter() + duration_s
@@ -102,12 +114,18 @@ async def run_level(
         nonlocal tokens
         i = index
         while time.perf_counter() < deadline:
-            start = time.perf_counter()
-            request = GenerationRequest(prompts[i % len(prompts)], sampling)
-            group = [engine.agenerate(request) for _ in range(group_size)]
-            for resp in await asyncio.gather(*group):
-                latencies.append(time.perf_counter() - start)
-                tokens += len(resp.output_ids)
+            prompt = prompts[i % len(prompts)]
+            for turn in range(turns):
+                start = time.perf_counter()
+                request = GenerationRequest(prompt, sampling)
+                group = await asyncio.gather(
+                    *(engine.agenerate(request) for _ in range(group_size))
+                )
+                for resp in group:
+                    latencies.append(time.perf_counter() - start)
+                    tokens += len(resp.output_ids)
+                tool = prompts[(i + turn + 1) % len(prompts)] * tool_tokens
+                prompt = prompt + group[0].output_ids + tool[:tool_tokens]
             i += n_clients
 
     before = {k: getattr(engine.stats, k) for k in COUNTERS}
@@ -132,6 +150,9 @@ async def run_level(
         # of the prompt tokens the requests needed, the share taken from a group member's prefill
         "shared_prefill_share": d["shared_prefill_tokens"]
         / max(d["prefill_tokens"] + d["shared_prefill_tokens"], 1),
+        # ... and the share taken from the finished request a call continues
+        "prefix_cached_share": d["prefix_cached_tokens"]
+        / max(d["prefill_tokens"] + d["shared_prefill_tokens"] + d["prefix_cached_tokens"], 1),
     }
 
 
@@ -175,6 +196,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         ("prefill share", "prefill_share", "{:.0%}"),
         ("re-prefilled", "reprefilled_token_share", "{:.0%}"),
         ("prefill shared", "shared_prefill_share", "{:.0%}"),
+        ("prefix cached", "prefix_cached_share", "{:.0%}"),
     ]
     for name, *_ in columns:
         table.add_column(name, justify="right")
@@ -193,6 +215,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         "splice": "HFEngine, KV cache spliced",
         "reprefill": "HFEngine, re-prefill per round",
         "noshare": "HFEngine, spliced, no shared prefill",
+        "noprefix": "HFEngine, spliced, no prefix cache",
         "hf-generate": "HF generate, one static batch",
     }
     fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -218,6 +241,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> None:
     args = parse_args()
+    if args.turns > 1 and args.group_size > 1:
+        raise SystemExit("--turns > 1 needs --group-size 1: conversations are one request a call")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.torch_threads)
     out = Path(args.out)
@@ -237,16 +262,19 @@ def main() -> None:
             chunk_tokens=args.chunk_tokens,
             seed=0,
             splice=mode != "reprefill",
-            share_prefill=mode == "splice",
+            share_prefill=mode in ("splice", "noprefix"),
+            prefix_cache_tokens=0 if mode == "noprefix" else DEFAULT_PREFIX_CACHE_TOKENS,
         )
         try:
-            warm_up = run_level(engine, prompts, max(levels), sampling, 1.0, args.group_size)
-            asyncio.run(warm_up)
+            shape = (args.group_size, args.turns, args.tool_tokens)
+            asyncio.run(run_level(engine, prompts, max(levels), sampling, 1.0, *shape))
             for c in levels:
-                level = run_level(engine, prompts, c, sampling, args.duration_s, args.group_size)
+                level = run_level(engine, prompts, c, sampling, args.duration_s, *shape)
                 row = asyncio.run(level)
                 logger.info("%s, concurrency %d: %.0f tokens/s", mode, c, row["tokens_per_s"])
-                rows.append({"mode": mode, "group_size": args.group_size, **row})
+                rows.append(
+                    {"mode": mode, "group_size": args.group_size, "turns": args.turns, **row}
+                )
         finally:
             engine.close()
     device = engine.device

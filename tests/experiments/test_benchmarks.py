@@ -194,6 +194,27 @@ def test_learner_packing_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert (tmp_path / "learner_packing.png").stat().st_size > 0
 
 
+@pytest.mark.integration
+def test_engine_throughput_conversations_smoke(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Multi-turn conversations with and without the prefix cache: with it, most of each later
+    call's prompt comes from the cache; without it, none does; the JSON and plot are written."""
+    from experiments.benchmarks import engine_throughput
+
+    monkeypatch.setattr("sys.argv", ["engine_throughput", "--turns", "4", "--concurrency", "4",
+                                     "--modes", "splice,noprefix", "--duration-s", "1",
+                                     "--max-new-tokens", "8", "--no-hf-baseline",
+                                     "--out", str(tmp_path)])  # fmt: skip
+    engine_throughput.main()
+    rows = json.loads((tmp_path / "engine_throughput.json").read_text())["results"]
+    by_mode = {r["mode"]: r for r in rows}
+    assert by_mode["splice"]["prefix_cached_share"] > 0.5
+    assert by_mode["noprefix"]["prefix_cached_share"] == 0
+    assert all(r["tokens_per_s"] > 0 and r["turns"] == 4 for r in rows)
+    assert (tmp_path / "engine_throughput.png").stat().st_size > 0
+
+
 def test_weight_sync_arguments_are_checked(capsys) -> None:
     from experiments.benchmarks import weight_sync
 
