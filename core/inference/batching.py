@@ -330,7 +330,11 @@ class BatchDecoder:
                 live.rows, tokens.tolist(), logprobs.tolist(), version, stats
             )
             if finished and self.prefixes is not None and self.splice:
-                self._remember(live, finished)  # before the caller can send its next call
+                try:  # before the caller can send its next call
+                    self._remember(live, finished)
+                except Exception:  # e.g. out of memory: the cache is an optimisation
+                    logger.exception("could not keep finished requests' caches: dropping them")
+                    self.prefixes.clear()
             for row in finished:
                 on_finish(live.rows[row])
             stats.decode_s += time.perf_counter() - start
@@ -359,13 +363,14 @@ class BatchDecoder:
         for row in rows:
             slot = live.rows[row]
             tokens = slot.request.input_ids + slot.output[:-1]  # the last token was never read
-            columns = live.mask[row].bool()
-            if int(columns.sum()) != len(tokens):
+            columns = live.mask[row].nonzero()[:, 0]
+            if len(columns) != len(tokens):
                 continue  # not what this row's cache holds: keep nothing rather than guess
-            # boolean indexing copies: the entry does not pin the batch's cache
+            # index_select copies: the entry does not pin the batch's cache
             self.prefixes.store(
-                tokens, [(k[row][:, columns], v[row][:, columns]) for k, v in layers]
-            )
+                tokens, [(k[row].index_select(1, columns), v[row].index_select(1, columns))
+                         for k, v in layers],
+            )  # fmt: skip
 
     def _record(self, slots, tokens, logprobs, version, stats: RoundStats) -> tuple[int, list[int]]:
         """Append each open row's token; returns how many rows are still open and which rows

@@ -281,6 +281,8 @@ class HFEngine:
             self._closed = True
             self._cond.notify_all()
         self._thread.join(timeout_s)
+        if not self._thread.is_alive():  # else a round still holds the model: leave it be
+            self._decoder.forget_prefixes()  # free the kept KV caches now, not with the engine
         with self._cond:
             pending = list(self._waiting) + [s for s in self._running if s.finish is None]
             self._waiting.clear()

@@ -72,7 +72,7 @@ from aiohttp import web
 
 from core.inference.api import GenerationRequest, GenerationResponse, SamplingParams, WeightSource
 from core.inference.chat_endpoint import chat_completion, parse_chat
-from core.inference.hf_engine import GenerationError, HFEngine
+from core.inference.hf_engine import DEFAULT_PREFIX_CACHE_TOKENS, GenerationError, HFEngine
 from core.inference.server_guard import (
     API_KEY_ENV,
     SETTINGS_KEY,
@@ -447,6 +447,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--max-batch-size", "--max-running-requests", dest="max_batch_size", type=int, default=128
     )
     p.add_argument("--chunk-tokens", type=int, default=16)
+    p.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=DEFAULT_PREFIX_CACHE_TOKENS,
+        help="tokens of finished requests' KV cache kept for requests that continue them "
+        "(an agent's next call); 0 = off",
+    )
     p.add_argument("--seed", "--random-seed", dest="seed", type=int, default=0)
     p.add_argument(
         "--weight-version",
@@ -488,6 +495,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-new-tokens-cap must be >= 1")
     if args.weight_version < 0:
         p.error("--weight-version must be >= 0")
+    if args.prefix_cache_tokens < 0:
+        p.error("--prefix-cache-tokens must be >= 0")
     try:
         check_exposure(args.host, clean_api_key(args.api_key))
     except ValueError as exc:
@@ -503,6 +512,7 @@ def main(argv: list[str] | None = None) -> None:
         max_new_tokens_cap=args.max_new_tokens_cap, dtype=_DTYPES[args.dtype], device=args.device,
         max_batch_size=args.max_batch_size, chunk_tokens=args.chunk_tokens, seed=args.seed,
         torch_threads=args.torch_threads, version=args.weight_version,
+        prefix_cache_tokens=args.prefix_cache_tokens,
     )  # fmt: skip
 
 

@@ -62,6 +62,7 @@ def server_spec(
         for root in weights_roots:
             extra += ["--weights-root", root]
         extra += ["--torch-threads", str(config.scheduler.torch_threads)]
+        extra += ["--prefix-cache-tokens", str(r.prefix_cache_tokens)]
     return SGLangLaunchSpec(
         model_path=model_dir,
         host=host,

@@ -11,7 +11,7 @@ from core.inference.api import GenerationRequest, SamplingParams, WeightSource
 from core.inference.hf_engine import HFEngine
 from core.inference.prefix_cache import PrefixCache
 from core.models import load_model
-from tests.core.inference.helpers import run, teacher_logprobs
+from tests.core.inference.helpers import run, teacher_logprobs, wait_for_tokens
 
 
 def layers(n: int, fill: float = 0.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -107,3 +107,48 @@ def test_new_weights_clear_the_cache(model_dir, new_state, prompts) -> None:
     with HFEngine(load_model(model_dir), None, prefix_cache_tokens=4096) as engine:
         only_the_last_call = run(main(engine))
     assert engine.stats.prefix_cached_tokens == only_the_last_call
+
+
+def test_a_continuation_and_a_new_request_join_a_running_batch_together(
+    model_dir, ref_model, prompts
+) -> None:
+    """One round admits a cache hit and a miss beside a request already decoding: the three
+    sample what a teacher-forced pass gives, and only the hit's prefix is skipped."""
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    long = SamplingParams(max_new_tokens=40, temperature=0.0)
+
+    async def main(engine: HFEngine):
+        first = await engine.agenerate(GenerationRequest(prompts[0], greedy))
+        follow = prompts[0] + first.output_ids + prompts[1][:5]
+        running = asyncio.ensure_future(engine.agenerate(GenerationRequest(prompts[2], long)))
+        await wait_for_tokens(engine, 3)
+        hit, miss = await asyncio.gather(
+            engine.agenerate(GenerationRequest(follow, greedy)),
+            engine.agenerate(GenerationRequest(prompts[3], greedy)),
+        )
+        return first, follow, [(follow, hit), (prompts[3], miss), (prompts[2], await running)]
+
+    with HFEngine(load_model(model_dir), None, chunk_tokens=2, prefix_cache_tokens=4096) as e:
+        first, follow, results = run(main(e))
+    assert e.stats.prefix_cached_tokens == len(prompts[0]) + len(first.output_ids) - 1
+    for prompt, resp in results:
+        ids = torch.tensor([prompt + resp.output_ids])
+        with torch.no_grad():
+            logits = ref_model(ids).logits[0, len(prompt) - 1 : -1]
+        assert resp.output_ids == logits.argmax(-1).tolist()
+        expected = teacher_logprobs(ref_model, prompt, resp.output_ids, 0.0)
+        torch.testing.assert_close(torch.tensor(resp.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_servers_the_run_launches_get_its_cache_size(model_dir, tmp_path) -> None:
+    """``rollout.prefix_cache_tokens`` reaches our server's command line, which accepts it."""
+    from core.config import load_config
+    from core.inference.server import parse_args
+    from core.runtime.fleet import server_spec
+
+    config = load_config(
+        None, ["rollout.prefix_cache_tokens=777", "rollout.server_launcher=asyncrl"]
+    )
+    extra = server_spec(config, str(model_dir), 0, [str(tmp_path)], port=1234).extra_args
+    assert extra[extra.index("--prefix-cache-tokens") + 1] == "777"
+    assert parse_args(["--model", str(model_dir), *extra]).prefix_cache_tokens == 777
