@@ -30,7 +30,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from core.inference.api import GenerationRequest, GenerationResponse, StopReason
-from core.inference.kv_batch import LiveBatch, left_pad, splice_supported
+from core.inference.kv_batch import LiveBatch, left_pad, pad_left, splice_supported
 from core.inference.prefix_cache import PrefixCache
 from core.inference.sampling import BatchSampling, sample_next
 
@@ -169,7 +169,8 @@ class BatchDecoder:
         self.splice = splice  # turned off for good if the cache layers cannot be spliced
         self.share_prefill = share_prefill  # needs splicing too: a copied cache is a spliced one
         # finished requests' caches (needs splicing too: a continuation joins as a spliced row)
-        self.prefixes = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        keep = splice and prefix_cache_tokens
+        self.prefixes = PrefixCache(prefix_cache_tokens) if keep else None
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         # transformers 5.2x renamed ``past_key_values`` to ``cache``; the GPU image has an older 5.x.
@@ -201,7 +202,7 @@ class BatchDecoder:
     def _prefill(self, slots: list[Slot], stats: RoundStats) -> tuple[LiveBatch, torch.Tensor]:
         """The batch of ``slots`` (in any order: ``live.rows`` says which) and its logits."""
         hits = []
-        if self.prefixes is not None and self.splice:
+        if self.prefixes is not None:
             taken = [(s, self.prefixes.take(s.request.input_ids + s.output)) for s in slots]
             hits = [(s, prefix) for s, prefix in taken if prefix is not None]
             slots = [s for s, prefix in taken if prefix is None]
@@ -232,8 +233,8 @@ class BatchDecoder:
             )
         cache = DynamicCache(config=self.model.config)
         for layer, per_row in enumerate(zip(*(p.layers for _, p in hits), strict=True)):
-            keys = torch.stack([_left_pad_tokens(k, cached) for k, _ in per_row])
-            values = torch.stack([_left_pad_tokens(v, cached) for _, v in per_row])
+            keys = torch.stack([pad_left(k, cached, 2) for k, _ in per_row])
+            values = torch.stack([pad_left(v, cached, 2) for _, v in per_row])
             cache.update(keys, values, layer)
         mask = torch.cat([old_mask, new_mask], dim=1)
         logits = self._forward(ids, mask, positions, cache)
@@ -267,6 +268,7 @@ class BatchDecoder:
         if self.splice and not splice_supported(cache):
             logger.info("cache layers cannot be spliced: re-prefilling between rounds")
             self.splice = False
+            self.prefixes = None  # a continuation would join as a spliced row too
             if shared:  # the cache cannot be copied row by row either: prefill every row
                 stats.prefill_tokens -= n_computed
                 stats.prefill_s += time.perf_counter() - start
@@ -329,7 +331,7 @@ class BatchDecoder:
             n_open, finished = self._record(
                 live.rows, tokens.tolist(), logprobs.tolist(), version, stats
             )
-            if finished and self.prefixes is not None and self.splice:
+            if finished and self.prefixes is not None:
                 try:  # before the caller can send its next call
                     self._remember(live, finished)
                 except Exception:  # e.g. out of memory: the cache is an optimisation
@@ -390,9 +392,3 @@ class BatchDecoder:
             else:
                 n_open += 1
         return n_open, finished
-
-
-def _left_pad_tokens(t: torch.Tensor, width: int) -> torch.Tensor:
-    """``[H, L, D]`` -> ``[H, width, D]`` with zeros before the ``L`` cached tokens."""
-    missing = width - t.shape[1]
-    return torch.nn.functional.pad(t, (0, 0, missing, 0)) if missing else t

@@ -33,6 +33,14 @@ def left_pad(
     return ids.to(device), mask.to(device), positions.to(device)
 
 
+def pad_left(t: torch.Tensor, width: int, dim_from_end: int) -> torch.Tensor:
+    """``t`` with zeros before its entries along dimension ``-dim_from_end``, up to ``width``
+    (keys and values are ``[..., tokens, head_dim]``: ``dim_from_end=2``; masks: 1)."""
+    missing = width - t.shape[-dim_from_end]
+    spec = [0, 0] * (dim_from_end - 1) + [missing, 0]
+    return F.pad(t, spec) if missing else t
+
+
 def _layers(cache: DynamicCache) -> list[Any]:
     return list(getattr(cache, "layers", []) or [])
 
@@ -92,9 +100,7 @@ class LiveBatch:
         width = max(self.mask.shape[1], other.mask.shape[1])
 
         def pad(t: torch.Tensor, dim_from_end: int) -> torch.Tensor:
-            missing = width - t.shape[-dim_from_end]
-            spec = [0, 0] * (dim_from_end - 1) + [missing, 0]  # left-pad that dimension
-            return F.pad(t, spec) if missing else t
+            return pad_left(t, width, dim_from_end)
 
         self.rows = self.rows + other.rows
         self.mask = torch.cat([pad(self.mask, 1), pad(other.mask, 1)], dim=0)
