@@ -30,7 +30,13 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from core.inference.api import GenerationRequest, GenerationResponse, StopReason
-from core.inference.kv_batch import LiveBatch, left_pad, pad_left, splice_supported
+from core.inference.kv_batch import (
+    LiveBatch,
+    growing_cache,
+    left_pad,
+    pad_left,
+    splice_supported,
+)
 from core.inference.prefix_cache import PrefixCache
 from core.inference.sampling import BatchSampling, sample_next
 
@@ -231,7 +237,7 @@ class BatchDecoder:
             positions[row, ids.shape[1] - len(suffix) :] = torch.arange(
                 len(prefix), len(prefix) + len(suffix), device=self.device
             )
-        cache = DynamicCache(config=self.model.config)
+        cache = growing_cache(self.model.config)
         for layer, per_row in enumerate(zip(*(p.layers for _, p in hits), strict=True)):
             keys = torch.stack([pad_left(k, cached, 2) for k, _ in per_row])
             values = torch.stack([pad_left(v, cached, 2) for _, v in per_row])
@@ -262,7 +268,7 @@ class BatchDecoder:
         n_computed = sum(len(seq) for seq in computed)
         stats.prefill_tokens += n_computed
         ids, mask, positions = left_pad(computed, self.pad_id, self.device)
-        cache = DynamicCache(config=self.model.config)
+        cache = growing_cache(self.model.config)
         logits = self._forward(ids, mask, positions, cache)
         live = LiveBatch(leaders, cache, mask, positions[:, -1:])
         if self.splice and not splice_supported(cache):
