@@ -22,7 +22,7 @@ from typing import Any
 from core.config import Config
 from core.inference.api import InferenceEngine
 from core.rewards.registry import CompletionMetric, completion_metrics
-from core.rollout.api import Workflow, derive_seed
+from core.rollout.api import Workflow, derive_seed, episode_rows
 
 
 @dataclass
@@ -94,12 +94,13 @@ async def evaluate_workflow(
 
     async def one(sample: dict[str, Any]) -> tuple[float, str, int]:
         async with slots:
-            trajectory = await greedy.run_episode(engine, sample)
+            rows = episode_rows(await greedy.run_episode(engine, sample))
         if on_sample is not None:
             on_sample(1)
-        if trajectory is None:  # a rejected episode scores nothing
+        if rows is None:  # a rejected episode scores nothing
             return 0.0, "", 0
-        return trajectory.reward, trajectory.metadata.get("completion", ""), trajectory.n_generated
+        completion = rows[-1].metadata.get("completion", "")
+        return rows[0].reward, completion, sum(t.n_generated for t in rows)
 
     results = await asyncio.gather(*(one(s) for s in samples))
     sampled = {}
@@ -139,8 +140,8 @@ async def _sampled_scores(
     async def reward(index: int, sample: dict[str, Any], i: int) -> float:
         async with slots:
             seeded = {**sample, "seed": derive_seed(seed, "eval", index, i)}
-            trajectory = await workflow.run_episode(engine, seeded)
-        return 0.0 if trajectory is None else trajectory.reward
+            rows = episode_rows(await workflow.run_episode(engine, seeded))
+        return 0.0 if rows is None else rows[0].reward
 
     rewards = await asyncio.gather(
         *(reward(j, sample, i) for j, sample in enumerate(samples) for i in range(n))

@@ -9,16 +9,21 @@ Agent code written against ``openai.AsyncOpenAI`` runs unchanged on it::
 
 Every call renders ``messages`` with the chat template, samples from the engine (resuming across
 weight updates like every workflow) and records the prompt and completion token ids, the
-behaviour log-probs and the weight version of each token. :meth:`AgentChatClient.trajectory`
-turns the episode into one :class:`~core.rollout.api.Trajectory`: model tokens trained, every
+behaviour log-probs and the weight version of each token. :meth:`AgentChatClient.trajectories`
+turns the episode into :class:`~core.rollout.api.Trajectory` rows: model tokens trained, every
 other token (prompt, tool results, user turns) context only.
 
-One trajectory per episode needs each call's conversation to continue the previous one (the
-earlier messages, then the assistant reply this client returned, then new tool/user messages).
-The new messages' tokens are then appended after the sampled tokens, so the trajectory holds
-exactly the tokens the model was conditioned on and produced, never a re-tokenisation of its
-output. A call whose history was rewritten (messages dropped or edited) starts the trajectory
-anew from that call; ``metadata["restarts"]`` counts those.
+``conversation`` (the default): one trajectory per conversation. Each call's conversation must
+continue the previous one (the earlier messages, then the assistant reply this client returned,
+then new tool/user messages); the new messages' tokens are appended after the sampled tokens, so
+the trajectory holds exactly the tokens the model was conditioned on and produced, never a
+re-tokenisation of its output. A call whose history was rewritten (messages dropped or edited,
+as agents that summarise or trim their context do) starts a new trajectory from that call;
+the earlier one is kept and trained too, and ``metadata["restarts"]`` counts them.
+
+``per_turn``: one trajectory per call, its prompt (context) and its completion (trained), as
+AReaL-lite's "individual" mode. It trains the same tokens on the same context as a continuous
+conversation but costs a forward pass over each call's whole prompt.
 """
 
 from __future__ import annotations
@@ -56,6 +61,11 @@ class _Tokens:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
 
+    @property
+    def prompt_len(self) -> int:
+        """Tokens before the first generated one."""
+        return self.mask.index(1) if 1 in self.mask else len(self.ids)
+
     def context(self, ids: list[int]) -> None:
         self.ids += ids
         self.mask += [0] * len(ids)
@@ -88,10 +98,11 @@ class AgentChatClient:
         self.model = model
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
         self._turn_end = end_of_turn_ids(tokenizer)
-        self._tokens = _Tokens()
+        self._tokens = _Tokens()  # the conversation going on
+        self._finished: list[_Tokens] = []  # conversations the agent rewrote: trained too
+        self._calls: list[_Tokens] = []  # each call's prompt and completion (per_turn)
         self._history: list[dict[str, Any]] = []  # the last call's messages + its reply
         self._tools: list[dict[str, Any]] | None = None
-        self.prompt_len = 0
         self.n_calls = 0
         self.restarts = 0
         self.completion_tokens = 0
@@ -127,6 +138,10 @@ class AgentChatClient:
         self.n_calls += 1
         self.completion_tokens += len(response.output_ids)
         self._tokens.generated(response.output_ids, response.logprobs, response.versions)
+        call = _Tokens()
+        call.context(prompt_ids)
+        call.generated(response.output_ids, response.logprobs, response.versions)
+        self._calls.append(call)
         text = self.tokenizer.decode(response.output_ids, skip_special_tokens=True)
         turn = parse_tool_calls(text)
         message = assistant_message(turn)
@@ -151,12 +166,12 @@ class AgentChatClient:
         if n:
             self.restarts += 1
             logger.debug(
-                "agent rewrote its history: the trajectory restarts at call %d", self.n_calls
+                "agent rewrote its history: a new trajectory starts at call %d", self.n_calls
             )
+            self._finished.append(self._tokens)
         ids = self._encode(render(self.tokenizer, messages, tools))
         self._tokens = _Tokens()
         self._tokens.context(ids)
-        self.prompt_len = len(ids)
         return ids
 
     def _bridge(self, messages: list[dict[str, Any]], tools: Any) -> list[int] | None:
@@ -178,16 +193,21 @@ class AgentChatClient:
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
-    def trajectory(self, reward: float, **metadata: Any) -> Trajectory:
-        """The episode as one trajectory (see the module doc) with ``reward``."""
+    def trajectories(
+        self, reward: float, *, per_turn: bool = False, **metadata: Any
+    ) -> list[Trajectory]:
+        """The episode's rows with ``reward`` (see the module doc): its conversations, or with
+        ``per_turn`` its calls. Every row gets ``metadata`` and the episode's call counts."""
         if not self.n_calls:
             raise ValueError("the agent made no chat completion call: nothing to train on")
-        t = self._tokens
-        return Trajectory(
-            input_ids=list(t.ids), loss_mask=list(t.mask), logprobs=list(t.logprobs),
-            versions=list(t.versions), reward=float(reward), prompt_len=self.prompt_len,
-            metadata={"turns": self.n_calls, "restarts": self.restarts, **metadata},
-        )  # fmt: skip
+        parts = self._calls if per_turn else [*self._finished, self._tokens]
+        info = {"turns": self.n_calls, "restarts": self.restarts, **metadata}
+        return [
+            Trajectory(input_ids=list(t.ids), loss_mask=list(t.mask), logprobs=list(t.logprobs),
+                       versions=list(t.versions), reward=float(reward), prompt_len=t.prompt_len,
+                       metadata=dict(info))
+            for t in parts
+        ]  # fmt: skip
 
 
 def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:

@@ -9,8 +9,9 @@
         return reply.choices[0].message.content   # a final answer: rollout.reward_fn scores it
 
 ``episode.client`` has the OpenAI SDK's ``chat.completions.create`` shape
-(:class:`~core.agents.openai_client.AgentChatClient`), backed by the run's engine; the whole
-conversation becomes one trajectory, model tokens trained. The agent returns its final answer
+(:class:`~core.agents.openai_client.AgentChatClient`), backed by the run's engine; the
+conversation becomes one trajectory, model tokens trained, or with
+``rollout.trajectory_mode=per_turn`` each call becomes its own (they share the episode's reward). The agent returns its final answer
 (a string, scored against ``sample["answer"]`` by ``rollout.reward_fn``), a reward (a number),
 or None to reject the episode. An agent in another process uses the server's
 ``/v1/chat/completions`` instead (:mod:`core.inference.chat_endpoint`).
@@ -49,6 +50,8 @@ class AgentEpisode:
     info: dict[str, Any] = field(default_factory=dict)  # the agent's notes -> trajectory metadata
 
 
+TRAJECTORY_MODES = ("conversation", "per_turn")
+
 AgentFn = Callable[[AgentEpisode], Awaitable[float | str | None]]
 
 
@@ -75,6 +78,7 @@ class OpenAIAgentWorkflow:
         prompter: Prompter,
         max_turns: int = 4,
         tool_latency: LatencySpec | None = None,
+        trajectory_mode: str = "conversation",
     ) -> None:
         if prompter.prompt_format != "chat":
             raise ValueError("the agent workflow speaks chat: set data.prompt_format=chat")
@@ -85,6 +89,11 @@ class OpenAIAgentWorkflow:
         self.prompter = prompter
         self.max_turns = max_turns
         self.tool_latency = tool_latency or LatencySpec()
+        if trajectory_mode not in TRAJECTORY_MODES:
+            raise ValueError(
+                f"rollout.trajectory_mode={trajectory_mode!r}: expected one of {TRAJECTORY_MODES}"
+            )
+        self.per_turn = trajectory_mode == "per_turn"
 
     @classmethod
     def from_config(cls, config: Any, tokenizer: PreTrainedTokenizerBase) -> OpenAIAgentWorkflow:
@@ -97,6 +106,7 @@ class OpenAIAgentWorkflow:
             prompter=Prompter.from_config(config, tokenizer),
             max_turns=r.max_turns,
             tool_latency=LatencySpec(r.tool_latency_s, r.tool_latency_p99_s, r.tool_timeout_s),
+            trajectory_mode=r.trajectory_mode,
         )
 
     def close(self) -> None:
@@ -108,7 +118,7 @@ class OpenAIAgentWorkflow:
 
     async def run_episode(
         self, engine: InferenceEngine, sample: dict[str, Any]
-    ) -> Trajectory | None:
+    ) -> list[Trajectory] | None:
         started = time.monotonic()
         client = AgentChatClient(engine, self.tokenizer, self.sampling, seed=sample.get("seed"))
         episode = AgentEpisode(client, sample, self.opening(sample), self.max_turns,
@@ -121,4 +131,7 @@ class OpenAIAgentWorkflow:
             episode.info.setdefault("completion", result)
         else:
             reward = float(result)
-        return client.trajectory(reward, episode_seconds=time.monotonic() - started, **episode.info)
+        seconds = time.monotonic() - started
+        return client.trajectories(
+            reward, per_turn=self.per_turn, episode_seconds=seconds, **episode.info
+        )

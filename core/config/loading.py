@@ -53,6 +53,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.sandbox": ("strict", "best_effort"),
     "rollout.server_launcher": ("asyncrl", "sglang"),
     "rollout.weight_sync": ("disk", "distributed"),
+    "rollout.trajectory_mode": ("conversation", "per_turn"),
 }
 
 
@@ -266,13 +267,26 @@ def validate(config: Config) -> None:
             resolve(select(config, key))
         except ValueError as err:
             raise ConfigError(f"{key}: {err}") from None
-    if config.rollout.agent or config.rollout.workflow.endswith(":OpenAIAgentWorkflow"):
+    agent_workflow = config.rollout.workflow.endswith(":OpenAIAgentWorkflow")
+    if config.rollout.agent or agent_workflow:
         from core.agents.workflow import load_agent  # transformers: only when used
 
         try:
             load_agent(config.rollout.agent)
         except ValueError as err:
             raise ConfigError(f"rollout.agent: {err}") from None
+    if config.rollout.trajectory_mode == "per_turn":
+        if not agent_workflow:
+            raise ConfigError(
+                "rollout.trajectory_mode=per_turn needs the agent workflow "
+                f"(rollout.workflow=core.agents.workflow:OpenAIAgentWorkflow), got "
+                f"rollout.workflow={config.rollout.workflow!r}"
+            )
+        if algo.adv_estimator == "reinforce_pp_baseline":
+            raise ConfigError(
+                "rollout.trajectory_mode=per_turn gives episodes of several trajectories; "
+                "algorithm.adv_estimator=reinforce_pp_baseline needs one: use grpo or rloo"
+            )
     if config.rollout.engine == "vllm" and not config.rollout.server_addresses:
         # The run launches SGLang-protocol servers (ours or SGLang), not vLLM.
         raise ConfigError(

@@ -340,6 +340,13 @@ class RolloutConfig:
         "Agent workflow (core.agents.workflow:OpenAIAgentWorkflow): the async function that plays "
         "an episode with an OpenAI-shaped client, by import path (module:function).",
     )
+    trajectory_mode: str = documented(
+        "conversation",
+        "Agent workflow: what one episode trains as. 'conversation': one trajectory, model tokens "
+        "trained and the rest masked (a new one starts where the agent rewrote its history); "
+        "'per_turn': one trajectory per completion call, its prompt masked. Group advantages "
+        "(grpo, rloo) count each episode once either way.",
+    )
     tool_latency_s: float = documented(
         0.0,
         "Tool-agent and agent workflows: simulated latency per tool call (models remote "

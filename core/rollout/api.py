@@ -1,8 +1,10 @@
 """Rollout contracts: a trajectory, a group of them, and the workflow that produces one.
 
-A *workflow* turns one dataset sample into one trajectory by talking to an inference engine
-(single-turn generation, or a multi-turn agent with tools). The executor runs ``group_size``
-episodes per prompt and hands complete groups to the learner.
+A *workflow* turns one dataset sample into one episode by talking to an inference engine
+(single-turn generation, or a multi-turn agent with tools). An episode is trained as one
+trajectory, or as several (an agent's calls one by one: ``rollout.trajectory_mode=per_turn``)
+that share its reward. The executor runs ``group_size`` episodes per prompt and hands complete
+groups to the learner.
 """
 
 from __future__ import annotations
@@ -52,21 +54,47 @@ class Trajectory:
 
 @dataclass
 class Group:
-    """``group_size`` trajectories sampled from the same prompt (GRPO's unit)."""
+    """``group_size`` episodes sampled from the same prompt (GRPO's unit).
+
+    ``trajectories`` are the rows to train, in episode order; ``episode_of[i]`` is the episode
+    (``0 .. n_episodes - 1``) row ``i`` belongs to. Most workflows give one row per episode.
+    """
 
     sample_id: str
     trajectories: list[Trajectory]
     submitted_version: int
     sample: dict[str, Any] = field(default_factory=dict)  # the dataset row it came from
+    episode_of: list[int] = field(default_factory=list)  # empty: one row per episode
+
+    def __post_init__(self) -> None:
+        if not self.episode_of:
+            self.episode_of = list(range(len(self.trajectories)))
+        if len(self.episode_of) != len(self.trajectories):
+            raise ValueError("Group.episode_of needs one episode index per trajectory")
+
+    @classmethod
+    def of_episodes(
+        cls, sample_id: str, episodes: list[list[Trajectory]], submitted_version: int, **kw: Any
+    ) -> Group:
+        """A group from each episode's rows (see :func:`episode_rows`)."""
+        rows = [t for episode in episodes for t in episode]
+        owners = [i for i, episode in enumerate(episodes) for _ in episode]
+        return cls(sample_id, rows, submitted_version, episode_of=owners, **kw)
+
+    @property
+    def n_episodes(self) -> int:
+        return self.episode_of[-1] + 1 if self.episode_of else 0
+
+    @property
+    def rewards(self) -> list[float]:
+        """One reward per episode (its rows share it)."""
+        reward = {e: t.reward for e, t in zip(self.episode_of, self.trajectories, strict=True)}
+        return [reward[e] for e in range(self.n_episodes)]
 
     @property
     def oldest_version(self) -> int:
         versions = [t.oldest_version for t in self.trajectories if t.n_generated]
         return min(versions) if versions else self.submitted_version
-
-    @property
-    def rewards(self) -> list[float]:
-        return [t.reward for t in self.trajectories]
 
 
 def derive_seed(*parts: int | str) -> int:
@@ -86,9 +114,25 @@ def episode_sample(sample: dict[str, Any], index: int) -> dict[str, Any]:
     return {**sample, "seed": derive_seed(sample["seed"], index)}
 
 
+def episode_rows(result: Trajectory | list[Trajectory] | None) -> list[Trajectory] | None:
+    """What ``Workflow.run_episode`` returned, as the episode's rows (None: rejected)."""
+    if result is None:
+        return None
+    rows = [result] if isinstance(result, Trajectory) else list(result)
+    if not rows:
+        raise ValueError(
+            "a workflow returned an episode with no trajectory (return None to reject)"
+        )
+    if len({t.reward for t in rows}) > 1:
+        raise ValueError("an episode's trajectories must share its reward")
+    return rows
+
+
 @runtime_checkable
 class Workflow(Protocol):
-    """Produces one trajectory per call; ``None`` rejects the episode (it is counted, not trained on).
+    """Produces one episode per call: a trajectory, or a list of them that share the episode's
+    reward (an agent's calls trained one by one); ``None`` rejects the episode (it is counted,
+    not trained on).
 
     ``sampling`` is how the workflow samples; held-out evals run a copy with greedy sampling.
     A ``sample`` may carry ``seed``: the workflow then samples every request of the episode with
@@ -99,7 +143,7 @@ class Workflow(Protocol):
 
     async def run_episode(
         self, engine: InferenceEngine, sample: dict[str, Any]
-    ) -> Trajectory | None: ...
+    ) -> Trajectory | list[Trajectory] | None: ...
 
 
 def workflow_class(path: str) -> Any:

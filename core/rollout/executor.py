@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.inference.api import InferenceEngine
-from core.rollout.api import Group, Workflow, episode_sample
+from core.rollout.api import Group, Trajectory, Workflow, episode_rows, episode_sample
 
 logger = logging.getLogger(__name__)
 
@@ -298,16 +298,22 @@ class RolloutExecutor:
         if any(isinstance(e, asyncio.CancelledError) for e in errors):
             return
         sample_id = str(sample.get("id", ""))
+        episodes: list[list[Trajectory] | None] = []
+        if not errors:
+            try:
+                episodes = [episode_rows(r) for r in results]  # type: ignore[arg-type]
+            except ValueError as bad:  # a workflow broke the contract: count it as failed
+                errors = [bad]
         if errors:
             self.counters.failed += 1
             self.counters.episodes_failed += len(errors)
             logger.warning("episode failed for sample %s: %r", sample_id, errors[0])
             self._check_failure_rate(errors[0])
-        elif any(r is None for r in results):
+        elif any(rows is None for rows in episodes):
             self.counters.rejected += 1
         else:
-            group = Group(sample_id, list(results), submitted_version=version, sample=sample)  # type: ignore[arg-type]
-            for i, trajectory in enumerate(group.trajectories):
+            group = Group.of_episodes(sample_id, episodes, version, sample=sample)  # type: ignore[arg-type]
+            for i, trajectory in zip(group.episode_of, group.trajectories, strict=True):
                 trajectory.metadata.update(
                     sample_id=sample_id, group_index=i, group_seconds=time.monotonic() - started
                 )

@@ -2,6 +2,12 @@
 
 Runs on the driver over the whole batch (group statistics and batch whitening need every row);
 the learner ranks then train on their shards of the result.
+
+An episode may be several rows (an agent's calls, ``rollout.trajectory_mode=per_turn``; the
+batch's ``episode`` field says which). Group estimators then compare episodes, each counted
+once: an episode's score is its reward plus the per-row terms (overlong penalty, the KL paid in
+the reward) of all its rows, and each row gets its episode's advantage. Token estimators
+without a group baseline treat each row as a sequence that ends with the episode's reward.
 """
 
 from __future__ import annotations
@@ -74,6 +80,13 @@ def with_advantages(
     elif estimator in ("reinforce_pp", "reinforce_pp_baseline"):
         source = token_rewards if token_rewards is not None else rewards
         baseline = "group" if estimator == "reinforce_pp_baseline" else "none"
+        episode = batch.fields.get("episode")
+        if baseline == "group" and episode is not None and len(episode.unique()) != len(batch):
+            raise ValueError(
+                "algorithm.adv_estimator=reinforce_pp_baseline needs one trajectory per episode; "
+                "this batch has episodes of several (rollout.trajectory_mode=per_turn, or an "
+                "agent that rewrote its history): use grpo or rloo"
+            )
         advantages = reinforce_pp_advantages(
             source, mask, gamma=algo.gamma, baseline=baseline, group_size=algo.group_size
         )
@@ -81,9 +94,25 @@ def with_advantages(
         # Outcome estimators score a sequence: with KL in the reward that is the outcome minus
         # β·Σ_t KL_t, the sum of the sequence's token rewards (as verl's GRPO and RLOO do).
         scores = token_rewards.sum(dim=1) if token_rewards is not None else rewards
-        per_sequence = {
+        episode, base = _episodes(batch, algo)
+        n = int(episode.max()) + 1 if len(episode) else 0
+        per_episode = base.new_zeros(n).index_copy(0, episode, base)  # rows of one share it
+        per_episode = per_episode.index_add(0, episode, scores - base)  # each row's own terms
+        advantage = {
             "grpo": lambda r: grpo_advantages(r, algo.group_size, normalize_std=algo.normalize_std),
             "rloo": lambda r: rloo_advantages(r, algo.group_size),
-        }[estimator](scores)
-        advantages = per_sequence[:, None] * mask
+        }[estimator](per_episode)
+        advantages = advantage[episode][:, None] * mask
     return batch.with_fields(advantages=advantages * mask, **fields)
+
+
+def _episodes(batch: TrainBatch, algo: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's episode (``[N]``, numbered from 0 in batch order) and its shaped reward
+    without per-row terms (equal across an episode's rows)."""
+    base = shape_rewards(
+        batch.rewards, bias=algo.reward_bias, scale=algo.reward_scale, clip=algo.reward_clip
+    )
+    episode = batch.fields.get("episode")
+    if episode is None:  # one row per episode
+        episode = torch.arange(len(batch))
+    return episode.long(), base

@@ -75,8 +75,16 @@ def checkpoint_url(config: Config) -> str:
 
 
 def to_batch(groups: list[Group], pad_id: int) -> TrainBatch:
-    """Groups → one padded batch; each group's trajectories stay consecutive."""
-    return collate([t for g in groups for t in g.trajectories], pad_id)
+    """Groups → one padded batch; each group's trajectories stay consecutive. Row fields
+    ``group`` and ``episode`` number each row's group and episode across the batch (an episode
+    may be several rows: ``rollout.trajectory_mode=per_turn``)."""
+    batch = collate([t for g in groups for t in g.trajectories], pad_id)
+    group_ids, episode_ids, first = [], [], 0
+    for index, g in enumerate(groups):
+        group_ids += [index] * len(g.trajectories)
+        episode_ids += [first + e for e in g.episode_of]
+        first += g.n_episodes
+    return batch.with_fields(group=torch.tensor(group_ids), episode=torch.tensor(episode_ids))
 
 
 def _rng_state() -> dict[str, Any]:
@@ -251,16 +259,17 @@ class Trainer:
             v for t in trajectories for v, m in zip(t.versions, t.loss_mask, strict=True) if m
         ]
         n_tokens = int(batch.loss_mask.sum())
-        totals["samples"] += len(batch)
+        episode_rewards = torch.tensor([r for g in groups for r in g.rewards])
+        n_episodes = len(episode_rewards)  # a sample is an episode, however many rows it trains
+        totals["samples"] += n_episodes
         totals["tokens"] += n_tokens
         totals["train_s"] += t_train
         totals["wait_s"] += t_wait
         totals["step_s"] += wall
         totals["publish_s"] += publish_s
-        rewards = batch.rewards
         metrics = {
-            "reward/mean": float(rewards.mean()),
-            "reward/accuracy": float((rewards > 0.5).float().mean()),
+            "reward/mean": float(episode_rewards.mean()),
+            "reward/accuracy": float((episode_rewards > 0.5).float().mean()),
             "staleness/mean": float(np.mean(staleness)),
             "staleness/max": float(max(staleness)),
             # per generated token (a trajectory resumed after an update mixes versions)
@@ -268,14 +277,14 @@ class Trainer:
             if token_versions
             else 0.0,
             "staleness/interrupted_frac": interrupted / len(trajectories),
-            "throughput/samples_per_s": len(batch) / wall,
+            "throughput/samples_per_s": n_episodes / wall,
             "throughput/tokens_per_s": n_tokens / wall,
             "time/wait_rollout_s": t_wait,
             "time/train_s": t_train,
             "time/publish_s": publish_s,
             "time/step_s": wall,
             "learner/busy_fraction": t_train / wall,
-            "response/mean_tokens": n_tokens / len(batch),
+            "response/mean_tokens": n_tokens / n_episodes,  # per episode
             **{k: v for k, v in stats.items() if k.startswith(("actor/", "critic/"))},
         }
         if ref is not None:  # the KL that the reward paid, per token, against the reference
@@ -285,7 +294,7 @@ class Trainer:
         self._log_batch(step, version, groups, staleness)
         self.timeline.steps.append(
             StepRecord(step, version, t0 - self._started, t_wait, t_train, publish_s,
-                       float(np.mean(staleness)), int(max(staleness)), interrupted, len(batch))
+                       float(np.mean(staleness)), int(max(staleness)), interrupted, n_episodes)
         )  # fmt: skip
         logger.info(
             "step %d: reward %.3f, staleness %.2f/%d, wait %.2fs train %.2fs publish %.2fs",

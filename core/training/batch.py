@@ -185,11 +185,20 @@ def _check_trajectory(traj: Trajectory, index: int) -> None:
 def split_minibatches(batch: TrainBatch, n: int, *, group_size: int = 1) -> list[TrainBatch]:
     """``n`` contiguous minibatches (one optimiser step each) made of whole groups.
 
-    Groups are ``group_size`` consecutive rows; with ``N / group_size`` divisible by ``n`` the
-    minibatches are equal, otherwise their group counts differ by at most one.
+    Groups are the runs of equal ids in the row field ``group`` when the batch has one (a group
+    of agent episodes trained turn by turn has a varying number of rows), else ``group_size``
+    consecutive rows. The minibatches' group counts differ by at most one.
     """
     if n < 1:
         raise ValueError(f"ppo_n_minibatches={n} must be >= 1")
+    ids = batch.fields.get("group")
+    if ids is not None and len(ids):
+        starts = torch.cat([torch.tensor([True]), ids[1:] != ids[:-1]]).nonzero()[:, 0].tolist()
+        bounds = [*starts, len(batch)]
+        if n > len(starts):
+            raise ValueError(f"cannot split {len(starts)} groups into {n} minibatches")
+        parts = torch.arange(len(starts)).tensor_split(n)
+        return [batch.select(torch.arange(bounds[p[0]], bounds[p[-1] + 1])).trim() for p in parts]
     if len(batch) % group_size:
         raise ValueError(f"batch of {len(batch)} rows is not whole groups of {group_size}")
     n_groups = len(batch) // group_size

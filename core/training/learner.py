@@ -327,7 +327,9 @@ class Learner:
             stats.add(micro_stats, weight=micro.n_loss_tokens)
         grad_norm, lr = self._optimizer_step()
         totals = all_reduce_sum(
-            torch.tensor([loss_sum, batch.n_tokens, batch.n_loss_tokens], dtype=torch.float64)
+            torch.tensor(
+                [loss_sum, batch.n_tokens, batch.n_loss_tokens, len(batch)], dtype=torch.float64
+            )
         ).tolist()
         result = stats.reduce()
         result.update(
@@ -336,6 +338,7 @@ class Learner:
             lr=lr,
             tokens=totals[1],
             loss_tokens=totals[2],
+            sequences=totals[3],
             micro_batches=float(rounds),
             step=float(self.step),
             seconds=time.perf_counter() - start,

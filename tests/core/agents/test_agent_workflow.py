@@ -45,9 +45,10 @@ def test_an_episode_is_scored_and_masked(tool_chat_model, tool_chat_tokenizer) -
                                    score=make_scorer("core.rewards.gsm8k:gsm8k_reward"), prompter=prompter)  # fmt: skip
     with HFEngine(load_model(tool_chat_model), tool_chat_tokenizer, seed=0) as engine:
         sample = {"question": "What is 3+4?", "answer": "#### 7", "seed": 11}
-        trajectory = asyncio.run(workflow.run_episode(engine, sample))
-        again = asyncio.run(workflow.run_episode(engine, sample))
-    assert trajectory is not None and again is not None
+        (trajectory,) = asyncio.run(workflow.run_episode(engine, sample))
+        (again,) = asyncio.run(workflow.run_episode(engine, sample))
+        workflow.per_turn = True  # rollout.trajectory_mode=per_turn
+        first_call, second_call = asyncio.run(workflow.run_episode(engine, sample))
     assert trajectory.reward == 1.0 and trajectory.metadata["turns"] == 2
     assert trajectory.metadata["completion"] == "#### 7"
     assert trajectory.input_ids == again.input_ids  # the sample's seed fixes every call
@@ -55,6 +56,11 @@ def test_an_episode_is_scored_and_masked(tool_chat_model, tool_chat_tokenizer) -
     assert "Solve it." in text and "Question: What is 3+4?" in text and "Answer: 7" in text
     n_prompt = trajectory.prompt_len
     assert not any(trajectory.loss_mask[:n_prompt]) and 2 <= sum(trajectory.loss_mask) <= 12
+    # per turn: the same episode (same seed) as two rows that share its reward
+    assert first_call.reward == second_call.reward == 1.0
+    assert first_call.input_ids == trajectory.input_ids[: len(first_call.input_ids)]
+    assert second_call.input_ids == trajectory.input_ids
+    assert sum(first_call.loss_mask) + sum(second_call.loss_mask) == sum(trajectory.loss_mask)
     workflow.close()
 
 
@@ -67,3 +73,12 @@ def test_bad_agents_are_config_errors() -> None:
         load_config(QUICKSTART, [*agent, "rollout.agent=core.agents.examples:nope"])
     with pytest.raises(ConfigError, match="must be an async function"):
         load_config(QUICKSTART, [*agent, "rollout.agent=core.agents.tool_calls:error_message"])
+    calculator = [*agent, "rollout.agent=core.agents.examples:calculator_agent"]
+    with pytest.raises(ConfigError, match="rollout.trajectory_mode='per_step' is not one of"):
+        load_config(QUICKSTART, [*calculator, "rollout.trajectory_mode=per_step"])
+    with pytest.raises(ConfigError, match="per_turn needs the agent workflow"):
+        load_config(QUICKSTART, ["rollout.trajectory_mode=per_turn"])
+    with pytest.raises(ConfigError, match="reinforce_pp_baseline needs one"):
+        load_config(QUICKSTART, [*calculator, "rollout.trajectory_mode=per_turn",
+                                 "algorithm.adv_estimator=reinforce_pp_baseline"])  # fmt: skip
+    load_config(QUICKSTART, [*calculator, "rollout.trajectory_mode=per_turn"])  # fine

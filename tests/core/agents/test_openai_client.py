@@ -1,5 +1,6 @@
-"""The OpenAI-shaped client on a real engine: SDK types back, one trajectory per conversation with
-exactly the tokens the model saw and sampled (teacher-forced log-probs agree), context masked."""
+"""The OpenAI-shaped client on a real engine: SDK types back, one trajectory per conversation (or
+one per call) with exactly the tokens the model saw and sampled (teacher-forced log-probs
+agree), context masked."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def test_a_conversation_is_one_trajectory_of_the_tokens_seen(
     with HFEngine(load_model(tool_chat_model), tokenizer, seed=0) as engine:
         client = AgentChatClient(engine, tokenizer, sampling, seed=7)
         replies = converse(client)
-        trajectory = client.trajectory(1.0)
+        (trajectory,) = client.trajectories(1.0)
 
     assert all(isinstance(r, ChatCompletion) for r in replies)
     assert replies[2].usage.completion_tokens <= 3
@@ -88,13 +89,35 @@ def test_rewritten_history_restarts_the_trajectory(tool_chat_model, tool_chat_to
             )
 
         second = asyncio.run(main())
-    trajectory = client.trajectory(0.0)
-    assert trajectory.metadata["restarts"] == 1
-    assert trajectory.prompt_len == second.usage.prompt_tokens
-    assert len(trajectory.input_ids) == second.usage.total_tokens
+    earlier, rewritten = client.trajectories(0.0)  # the first conversation is trained too
+    assert rewritten.metadata["restarts"] == earlier.metadata["restarts"] == 1
+    assert rewritten.prompt_len == second.usage.prompt_tokens
+    assert len(rewritten.input_ids) == second.usage.total_tokens
+    assert sum(earlier.loss_mask) + sum(rewritten.loss_mask) == client.completion_tokens
+    assert earlier.reward == rewritten.reward == 0.0
+
+
+def test_per_turn_trajectories_are_each_call_alone(tool_chat_model, tool_chat_tokenizer) -> None:
+    """Per turn: one row per call, that call's prompt as context, its completion trained, the
+    same tokens and log-probs the conversation row trains."""
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
+    with HFEngine(load_model(tool_chat_model), tool_chat_tokenizer, seed=0) as engine:
+        client = AgentChatClient(engine, tool_chat_tokenizer, sampling, seed=7)
+        replies = converse(client)
+    rows = client.trajectories(0.5, per_turn=True, note="x")
+    (conversation,) = client.trajectories(0.5)
+    assert len(rows) == len(replies) == 3
+    for row, reply in zip(rows, replies, strict=True):
+        start, tokens = reply.usage.prompt_tokens, reply.choices[0].token_ids
+        assert row.prompt_len == start and row.input_ids[start:] == tokens
+        assert row.loss_mask == [0] * start + [1] * len(tokens)
+        # this call's context is the conversation up to it, as the model saw it
+        assert row.input_ids == conversation.input_ids[: start + len(tokens)]
+        assert row.logprobs[start:] == conversation.logprobs[start : start + len(tokens)]
+        assert row.reward == 0.5 and row.metadata == {"turns": 3, "restarts": 0, "note": "x"}
 
 
 def test_no_call_no_trajectory(tool_chat_tokenizer) -> None:
     client = AgentChatClient(None, tool_chat_tokenizer, SamplingParams(4))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no chat completion call"):
-        client.trajectory(1.0)
+        client.trajectories(1.0)

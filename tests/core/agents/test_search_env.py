@@ -154,9 +154,10 @@ def test_bad_latency_settings_are_config_errors() -> None:
 
 
 @pytest.mark.integration
-def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path) -> None:
+@pytest.mark.parametrize("mode", ["conversation", "per_turn"])
+def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path, mode: str) -> None:
     """SFT on solved conversations, then two RL steps of the search agent: episodes run the
-    tools and are trained."""
+    tools and are trained (as whole conversations, or call by call)."""
     from core.runtime.job import run_experiment
 
     summary = run_experiment(load_config(SEARCH_YAML, [
@@ -166,7 +167,7 @@ def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path) -> None:
         "learner.total_steps=2",
         "rollout.batch_size=2", "algorithm.group_size=2", "rollout.max_new_tokens=8",
         "rollout.max_turns=2", "rollout.tool_latency_s=0", "rollout.tool_latency_p99_s=0",
-        "eval.every_n_steps=0", "checkpoint.every_n_steps=0",
+        "eval.every_n_steps=0", "checkpoint.every_n_steps=0", f"rollout.trajectory_mode={mode}",
     ]))  # fmt: skip
     assert summary["steps"] == 2 and summary["rollout"]["episodes_failed"] == 0
     rows = [json.loads(line) for line in (tmp_path / "agent-search" / "t" / "metrics.jsonl").open()]
@@ -175,3 +176,6 @@ def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path) -> None:
     assert all(
         r["actor/tokens"] > 4 * 100 and 0 < r["actor/loss_tokens"] <= 4 * 2 * 8 for r in trained
     )
+    # 4 episodes a step: 4 rows, or one per call (1 or 2 calls each) per turn
+    rows_trained = {r["actor/sequences"] for r in trained}
+    assert rows_trained == {4} if mode == "conversation" else rows_trained <= set(range(4, 9))

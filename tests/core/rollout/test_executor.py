@@ -8,6 +8,7 @@ exactly; the real HF engine runs the same executor in tests/core/runtime/test_ro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from typing import Any
 
@@ -279,6 +280,45 @@ def test_group_filter_drops_uniform_groups() -> None:
     # all rewards in a group are equal in this workflow, so only ids ending in 1 pass the filter
     assert all(g.sample_id.endswith("1") for b in batches for g in b)
     assert executor.counters.rejected > 0
+
+
+class TurnsWorkflow(EchoWorkflow):
+    """Each episode as 1-3 rows (an agent's calls trained one by one); sample "bad" breaks the
+    contract with rows of different rewards."""
+
+    async def run_episode(self, engine: Any, sample: dict[str, Any]) -> list[Trajectory] | None:
+        row = await super().run_episode(engine, sample)
+        assert row is not None
+        n = 1 + sample["seed"] % 3
+        rows = [dataclasses.replace(row, metadata=dict(row.metadata)) for _ in range(n)]
+        if sample["id"] == "bad":
+            rows.append(dataclasses.replace(row, reward=row.reward + 1))
+        return rows
+
+
+def test_episodes_of_several_rows_make_one_group() -> None:
+    samples = iter([{"id": "bad", "reward": 1, "seed": 0}] +
+                   [{"id": f"s{i}", "reward": i % 2, "seed": i} for i in range(100)])  # fmt: skip
+
+    async def main():
+        engine = TickEngine()
+        executor = make(engine, TurnsWorkflow(n_tokens=2), eta=0, group_size=3,
+                        max_failure_rate=1.0)  # fmt: skip
+        executor.start(lambda: next(samples))
+        batch = await executor.prepare_batch(timeout_s=30)
+        await executor.stop()
+        return executor, batch
+
+    executor, batch = run(main())
+    assert executor.counters.failed >= 1  # "bad" returned rows with two rewards
+    for group in batch:
+        assert group.sample_id != "bad" and group.n_episodes == 3
+        assert len(group.trajectories) == len(group.episode_of) >= 3
+        assert group.episode_of == sorted(group.episode_of)
+        assert group.rewards == [group.trajectories[0].reward] * 3  # one per episode
+        indices = [t.metadata["group_index"] for t in group.trajectories]
+        assert indices == group.episode_of
+    assert any(len(group.trajectories) > 3 for group in batch)
 
 
 def test_a_filter_that_refuses_everything_warns_then_stops(

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from core.algorithms import algorithm_config, grpo_advantages, kl_penalty, rloo_advantages
-from core.rollout.api import Trajectory
+from core.rollout.api import Group, Trajectory
 from core.runtime.advantages import with_advantages
+from core.runtime.trainer import to_batch
 from core.training import collate
 
 pytestmark = pytest.mark.unit
@@ -54,3 +55,65 @@ def test_outcome_estimators_score_outcome_minus_the_summed_kl(estimator: str) ->
     scores = batch.rewards - 0.5 * kl.sum(dim=1)
     per_sequence = grpo_advantages(scores, G) if estimator == "grpo" else rloo_advantages(scores, G)
     torch.testing.assert_close(got, per_sequence[:, None] * batch.loss_mask)
+
+
+def _episode(e: int, gen: torch.Generator) -> tuple[Trajectory, list[Trajectory]]:
+    """Episode ``e`` of two calls as one conversation row and as two per-turn rows."""
+    first, second = [20 + e] * (2 + e % 2), [30 + e] * 3
+    ids = [1, 2, *first, 9, *second]
+    mask = [0, 0] + [1] * len(first) + [0] + [1] * len(second)
+    logprobs = [-float(torch.rand(1, generator=gen)) * m for m in mask]
+    reward = float(e % 3 == 0)
+
+    def row(n: int, trained: list[int]) -> Trajectory:
+        return Trajectory(ids[:n], trained, logprobs[:n], [0 if m else -1 for m in trained],
+                          reward, prompt_len=trained.index(1))  # fmt: skip
+
+    call_1 = row(2 + len(first), mask[: 2 + len(first)])
+    call_2 = row(len(ids), [0] * (3 + len(first)) + [1] * len(second))
+    return row(len(ids), mask), [call_1, call_2]
+
+
+def _reference(batch) -> torch.Tensor:
+    """A reference model that differs from the behaviour policy by 0.1 × (position + 1)."""
+    positions = torch.arange(batch.width, dtype=torch.float32).expand_as(batch.loss_mask)
+    return (batch.behaviour_logprobs - 0.1 * (positions + 1)) * batch.loss_mask
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+@pytest.mark.parametrize("kl", [0.0, 0.5])
+def test_an_episode_trained_per_turn_gets_its_conversations_advantage(
+    estimator: str, kl: float
+) -> None:
+    """Each episode counted once: its turn rows all get the advantage its conversation row gets
+    (the KL paid in the reward summed over the turns' tokens, as over the conversation's)."""
+    gen = torch.Generator().manual_seed(3)
+    episodes = [_episode(e, gen) for e in range(2 * G)]
+    conversations = to_batch(
+        [Group(f"p{g}", [c for c, _ in episodes[g * G : (g + 1) * G]], 0) for g in range(2)], 0
+    )
+    turns = to_batch(
+        [Group.of_episodes(f"p{g}", [t for _, t in episodes[g * G : (g + 1) * G]], 0)
+         for g in range(2)], 0,
+    )  # fmt: skip
+    assert turns["episode"].tolist() == [e for e in range(2 * G) for _ in range(2)]
+    assert turns["group"].tolist() == [0] * 2 * G + [1] * 2 * G
+    algo = algorithm_config(estimator, group_size=G, kl_in_reward_coef=kl, kl_estimator="k1")
+    whole = with_advantages(
+        conversations, algo, max_new_tokens=8, ref_logprobs=_reference(conversations)
+    )
+    split = with_advantages(turns, algo, max_new_tokens=8, ref_logprobs=_reference(turns))
+    per_episode = whole["advantages"].sum(1) / whole.loss_mask.sum(1)
+    assert per_episode.abs().max() > 0.1  # rewards differ within each group
+    expected = per_episode[turns["episode"]][:, None] * turns.loss_mask
+    torch.testing.assert_close(split["advantages"], expected)
+
+
+def test_reinforce_pp_baseline_refuses_episodes_of_several_rows() -> None:
+    gen = torch.Generator().manual_seed(0)
+    turns = to_batch([Group.of_episodes("p", [_episode(e, gen)[1] for e in range(G)], 0)], 0)
+    algo = algorithm_config(
+        "reinforce_pp", group_size=G, adv_estimator="reinforce_pp_baseline", kl_in_reward_coef=0.0
+    )
+    with pytest.raises(ValueError, match="one trajectory per episode"):
+        with_advantages(turns, algo, max_new_tokens=8)

@@ -108,3 +108,17 @@ def test_split_minibatches_is_contiguous_and_keeps_groups(tokenizer) -> None:
         split_minibatches(batch, 2, group_size=5)
     with pytest.raises(ValueError, match="into 7 minibatches"):
         split_minibatches(batch, 7, group_size=2)
+
+
+def test_groups_of_varying_rows_split_whole(tokenizer) -> None:
+    """Agent episodes trained turn by turn: groups of 5, 2, 3 and 2 rows (the ``group`` field)
+    split whole, whatever ``group_size`` says."""
+    batch = collate(make_trajectories(tokenizer, 12), tokenizer.pad_token_id)
+    group = torch.tensor([0] * 5 + [1] * 2 + [2] * 3 + [3] * 2)
+    batch = batch.with_fields(row=torch.arange(12.0), group=group)
+    parts = split_minibatches(batch, 2, group_size=4)
+    assert [p["row"].tolist() for p in parts] == [list(range(7)), list(range(7, 12))]
+    assert [p["group"].unique().tolist() for p in split_minibatches(batch, 3)] == [[0, 1], [2], [3]]
+    assert shard_rows(batch, 0, 2, group_size=4)["group"].tolist() == [0] * 5 + [1] * 2
+    with pytest.raises(ValueError, match="cannot split 4 groups into 5"):
+        split_minibatches(batch, 5)
