@@ -194,13 +194,16 @@ class AgentChatClient:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
 
     def trajectories(
-        self, reward: float, *, per_turn: bool = False, **metadata: Any
+        self, reward: float, per_turn: bool = False, /, **metadata: Any
     ) -> list[Trajectory]:
         """The episode's rows with ``reward`` (see the module doc): its conversations, or with
-        ``per_turn`` its calls. Every row gets ``metadata`` and the episode's call counts."""
+        ``per_turn`` its calls. Every row gets ``metadata`` and the episode's call counts. A row
+        with no generated token (a conversation whose next call failed, an empty completion)
+        trains nothing and is left out, unless it is the only one."""
         if not self.n_calls:
             raise ValueError("the agent made no chat completion call: nothing to train on")
         parts = self._calls if per_turn else [*self._finished, self._tokens]
+        parts = [t for t in parts if 1 in t.mask] or parts[-1:]
         info = {"turns": self.n_calls, "restarts": self.restarts, **metadata}
         return [
             Trajectory(input_ids=list(t.ids), loss_mask=list(t.mask), logprobs=list(t.logprobs),

@@ -131,7 +131,5 @@ class OpenAIAgentWorkflow:
             episode.info.setdefault("completion", result)
         else:
             reward = float(result)
-        seconds = time.monotonic() - started
-        return client.trajectories(
-            reward, per_turn=self.per_turn, episode_seconds=seconds, **episode.info
-        )
+        info = {"episode_seconds": time.monotonic() - started, **episode.info}
+        return client.trajectories(reward, self.per_turn, **info)

@@ -275,18 +275,12 @@ def validate(config: Config) -> None:
             load_agent(config.rollout.agent)
         except ValueError as err:
             raise ConfigError(f"rollout.agent: {err}") from None
-    if config.rollout.trajectory_mode == "per_turn":
-        if not agent_workflow:
-            raise ConfigError(
-                "rollout.trajectory_mode=per_turn needs the agent workflow "
-                f"(rollout.workflow=core.agents.workflow:OpenAIAgentWorkflow), got "
-                f"rollout.workflow={config.rollout.workflow!r}"
-            )
-        if algo.adv_estimator == "reinforce_pp_baseline":
-            raise ConfigError(
-                "rollout.trajectory_mode=per_turn gives episodes of several trajectories; "
-                "algorithm.adv_estimator=reinforce_pp_baseline needs one: use grpo or rloo"
-            )
+    if config.rollout.trajectory_mode == "per_turn" and not agent_workflow:
+        raise ConfigError(
+            "rollout.trajectory_mode=per_turn needs the agent workflow "
+            f"(rollout.workflow=core.agents.workflow:OpenAIAgentWorkflow), got "
+            f"rollout.workflow={config.rollout.workflow!r}"
+        )
     if config.rollout.engine == "vllm" and not config.rollout.server_addresses:
         # The run launches SGLang-protocol servers (ours or SGLang), not vLLM.
         raise ConfigError(

@@ -65,7 +65,9 @@ class GrowingLayer(DynamicLayer):
 
     def _get(self, name: str) -> torch.Tensor | None:
         buffer = self._buffers[name]
-        return None if buffer is None else buffer[:, :, : self._filled[name]]
+        if buffer is None or buffer.dim() != 4:  # unset, or transformers' empty placeholder
+            return buffer
+        return buffer[:, :, : self._filled[name]]
 
     def _set(self, name: str, t: torch.Tensor | None) -> None:
         self._buffers[name] = t
@@ -116,6 +118,8 @@ def pad_right(t: torch.Tensor, width: int) -> torch.Tensor:
 def growing_cache(config: Any) -> DynamicCache:
     """A ``DynamicCache`` for ``config`` whose full-attention layers are :class:`GrowingLayer`."""
     cache = DynamicCache(config=config)
+    if hasattr(cache, "layer_class_to_replicate"):  # layers added lazily (older 5.x)
+        cache.layer_class_to_replicate = GrowingLayer
     cache.layers = [
         GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers
     ]

@@ -123,6 +123,9 @@ def episode_rows(result: Trajectory | list[Trajectory] | None) -> list[Trajector
         raise ValueError(
             "a workflow returned an episode with no trajectory (return None to reject)"
         )
+    if not all(isinstance(t, Trajectory) for t in rows):
+        kinds = sorted({type(t).__name__ for t in rows})
+        raise ValueError(f"a workflow returned {kinds} for an episode: expected Trajectory rows")
     if len({t.reward for t in rows}) > 1:
         raise ValueError("an episode's trajectories must share its reward")
     return rows

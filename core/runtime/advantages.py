@@ -6,8 +6,9 @@ the learner ranks then train on their shards of the result.
 An episode may be several rows (an agent's calls, ``rollout.trajectory_mode=per_turn``; the
 batch's ``episode`` field says which). Group estimators then compare episodes, each counted
 once: an episode's score is its reward plus the per-row terms (overlong penalty, the KL paid in
-the reward) of all its rows, and each row gets its episode's advantage. Token estimators
-without a group baseline treat each row as a sequence that ends with the episode's reward.
+the reward) of all its rows; GRPO and RLOO give each row its episode's advantage, and
+REINFORCE++-baseline subtracts the group's mean episode score from each row's reward. Token
+estimators (REINFORCE++, GAE) treat each row as a sequence that ends with the episode's reward.
 """
 
 from __future__ import annotations
@@ -79,40 +80,50 @@ def with_advantages(
         fields.update(returns=returns, old_values=values)
     elif estimator in ("reinforce_pp", "reinforce_pp_baseline"):
         source = token_rewards if token_rewards is not None else rewards
-        baseline = "group" if estimator == "reinforce_pp_baseline" else "none"
-        episode = batch.fields.get("episode")
-        if baseline == "group" and episode is not None and len(episode.unique()) != len(batch):
-            raise ValueError(
-                "algorithm.adv_estimator=reinforce_pp_baseline needs one trajectory per episode; "
-                "this batch has episodes of several (rollout.trajectory_mode=per_turn, or an "
-                "agent that rewrote its history): use grpo or rloo"
-            )
-        advantages = reinforce_pp_advantages(
-            source, mask, gamma=algo.gamma, baseline=baseline, group_size=algo.group_size
-        )
+        if estimator == "reinforce_pp_baseline":
+            # REINFORCE++-baseline: each row's last-token reward minus its group's mean episode
+            # score (with one row per episode, the mean of the group's Σ_t r_t).
+            scores, episode = _episode_scores(batch, algo, rewards, token_rewards)
+            group_mean = scores.reshape(-1, algo.group_size).mean(dim=-1)
+            baseline = group_mean.repeat_interleave(algo.group_size)[episode]
+            if source.dim() == 1:
+                source = source - baseline
+            else:
+                source = source - place_at_last_token(baseline, mask)
+        advantages = reinforce_pp_advantages(source, mask, gamma=algo.gamma)
     else:
         # Outcome estimators score a sequence: with KL in the reward that is the outcome minus
         # β·Σ_t KL_t, the sum of the sequence's token rewards (as verl's GRPO and RLOO do).
-        scores = token_rewards.sum(dim=1) if token_rewards is not None else rewards
-        episode, base = _episodes(batch, algo)
-        n = int(episode.max()) + 1 if len(episode) else 0
-        per_episode = base.new_zeros(n).index_copy(0, episode, base)  # rows of one share it
-        per_episode = per_episode.index_add(0, episode, scores - base)  # each row's own terms
+        scores, episode = _episode_scores(batch, algo, rewards, token_rewards)
         advantage = {
             "grpo": lambda r: grpo_advantages(r, algo.group_size, normalize_std=algo.normalize_std),
             "rloo": lambda r: rloo_advantages(r, algo.group_size),
-        }[estimator](per_episode)
+        }[estimator](scores)
         advantages = advantage[episode][:, None] * mask
     return batch.with_fields(advantages=advantages * mask, **fields)
 
 
-def _episodes(batch: TrainBatch, algo: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's episode (``[N]``, numbered from 0 in batch order) and its shaped reward
-    without per-row terms (equal across an episode's rows)."""
+def _episode_scores(
+    batch: TrainBatch,
+    algo: AlgorithmConfig,
+    rewards: torch.Tensor,
+    token_rewards: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([E], [N])``: each episode's score and each row's episode (numbered from 0 in batch
+    order). The score is the episode's shaped reward plus every row's own terms: the overlong
+    penalty in ``rewards`` and, with KL in the reward, ``-β·Σ_t KL_t`` of ``token_rewards``. A
+    row that generated nothing adds nothing (its ``token_rewards`` are all 0)."""
+    mask = batch.loss_mask
     base = shape_rewards(
         batch.rewards, bias=algo.reward_bias, scale=algo.reward_scale, clip=algo.reward_clip
     )
+    extra = rewards - base  # the overlong penalty, per row
+    if token_rewards is not None:  # Σ_t of the row's token rewards is its reward minus its KL
+        extra = token_rewards.sum(dim=1) - torch.where(mask.sum(1) > 0, base, 0.0)
     episode = batch.fields.get("episode")
     if episode is None:  # one row per episode
         episode = torch.arange(len(batch))
-    return episode.long(), base
+    episode = episode.long()
+    first = torch.ones(len(batch), dtype=torch.bool)
+    first[1:] = episode[1:] != episode[:-1]  # an episode's rows are consecutive
+    return base[first].index_add(0, episode, extra), episode

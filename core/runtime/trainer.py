@@ -254,7 +254,11 @@ class Trainer:
         wall = time.perf_counter() - t0
         staleness = [step - g.oldest_version for g in groups]
         trajectories = [t for g in groups for t in g.trajectories]
-        interrupted = sum(1 for t in trajectories if t.metadata.get("n_resumes", 0) > 0)
+        interrupted = sum(  # episodes with a row that a weight update interrupted
+            len({e for e, t in zip(g.episode_of, g.trajectories, strict=True)
+                 if t.metadata.get("n_resumes", 0) > 0})
+            for g in groups
+        )  # fmt: skip
         token_versions = [
             v for t in trajectories for v, m in zip(t.versions, t.loss_mask, strict=True) if m
         ]
@@ -276,7 +280,7 @@ class Trainer:
             "staleness/token_mean": step - float(np.mean(token_versions))
             if token_versions
             else 0.0,
-            "staleness/interrupted_frac": interrupted / len(trajectories),
+            "staleness/interrupted_frac": interrupted / n_episodes,
             "throughput/samples_per_s": n_episodes / wall,
             "throughput/tokens_per_s": n_tokens / wall,
             "time/wait_rollout_s": t_wait,

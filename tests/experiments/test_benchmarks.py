@@ -215,6 +215,26 @@ def test_engine_throughput_conversations_smoke(
     assert (tmp_path / "engine_throughput.png").stat().st_size > 0
 
 
+@pytest.mark.integration
+def test_agent_engine_smoke(tmp_path: Path) -> None:
+    """Search-agent episodes on the engine with and without the prefix cache: the same seeded
+    episodes; only the cached mode takes prompt tokens from the cache; JSON and plot written."""
+    from experiments.benchmarks import agent_engine
+
+    agent_engine.main(["--episodes", "6", "--out", str(tmp_path), "data.n_train=8",
+                       "data.search_synthetic.corpus_size=40", "rollout.max_turns=3",
+                       "rollout.max_new_tokens=12"])  # fmt: skip
+    rows = {
+        r["mode"]: r for r in json.loads((tmp_path / "agent_engine.json").read_text())["results"]
+    }
+    assert rows["noprefix"]["prefix_cached_tokens"] == 0
+    assert all(r["episodes"] == 6 and r["episodes_per_s"] > 0 for r in rows.values())
+    assert rows["prefix"]["tokens_generated"] == rows["noprefix"]["tokens_generated"]
+    assert (tmp_path / "agent_engine.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        agent_engine.parse_args(["--modes", "prefix,radix"])
+
+
 def test_weight_sync_arguments_are_checked(capsys) -> None:
     from experiments.benchmarks import weight_sync
 

@@ -78,7 +78,4 @@ def test_bad_agents_are_config_errors() -> None:
         load_config(QUICKSTART, [*calculator, "rollout.trajectory_mode=per_step"])
     with pytest.raises(ConfigError, match="per_turn needs the agent workflow"):
         load_config(QUICKSTART, ["rollout.trajectory_mode=per_turn"])
-    with pytest.raises(ConfigError, match="reinforce_pp_baseline needs one"):
-        load_config(QUICKSTART, [*calculator, "rollout.trajectory_mode=per_turn",
-                                 "algorithm.adv_estimator=reinforce_pp_baseline"])  # fmt: skip
     load_config(QUICKSTART, [*calculator, "rollout.trajectory_mode=per_turn"])  # fine

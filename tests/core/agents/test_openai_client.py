@@ -104,7 +104,7 @@ def test_per_turn_trajectories_are_each_call_alone(tool_chat_model, tool_chat_to
     with HFEngine(load_model(tool_chat_model), tool_chat_tokenizer, seed=0) as engine:
         client = AgentChatClient(engine, tool_chat_tokenizer, sampling, seed=7)
         replies = converse(client)
-    rows = client.trajectories(0.5, per_turn=True, note="x")
+    rows = client.trajectories(0.5, True, note="x")  # per turn
     (conversation,) = client.trajectories(0.5)
     assert len(rows) == len(replies) == 3
     for row, reply in zip(rows, replies, strict=True):

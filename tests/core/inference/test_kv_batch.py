@@ -7,6 +7,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from core.inference.kv_batch import GrowingLayer, LiveBatch, growing_cache, left_pad
+from core.training.shared_prompts import cache_kwarg
 
 
 def kv(batch: int, tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,13 +66,14 @@ def test_rows_leaving_and_joining_a_grown_batch() -> None:
 def test_model_decodes_the_same_with_a_growing_cache(ref_model) -> None:
     """Left-padded rows, one decode step at a time, then a row leaves and the rest go on."""
     sequences = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
+    name = cache_kwarg(ref_model)  # ``cache`` in transformers 5.2x, ``past_key_values`` before
 
     def decode(cache: DynamicCache) -> list[torch.Tensor]:
         ids, mask, positions = left_pad(sequences, 0, torch.device("cpu"))
         live = LiveBatch([0, 1], cache, mask, positions[:, -1:])
         with torch.no_grad():
             logits = ref_model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache
+                input_ids=ids, attention_mask=mask, position_ids=positions, **{name: cache}
             ).logits[:, -1]
             out = [logits]
             for step in range(2 * GrowingLayer.spare):
@@ -80,7 +82,7 @@ def test_model_decodes_the_same_with_a_growing_cache(ref_model) -> None:
                     logits = logits[1:]
                 ids, mask, positions = live.advance(logits.argmax(-1))
                 logits = ref_model(
-                    input_ids=ids, attention_mask=mask, position_ids=positions, cache=live.cache
+                    input_ids=ids, attention_mask=mask, position_ids=positions, **{name: live.cache}
                 ).logits[:, -1]
                 out.append(logits)
         return out

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core.algorithms import algorithm_config, grpo_advantages, kl_penalty, rloo_advantages
+from core.algorithms import (
+    algorithm_config,
+    grpo_advantages,
+    kl_penalty,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
 from core.rollout.api import Group, Trajectory
 from core.runtime.advantages import with_advantages
 from core.runtime.trainer import to_batch
@@ -109,11 +115,23 @@ def test_an_episode_trained_per_turn_gets_its_conversations_advantage(
     torch.testing.assert_close(split["advantages"], expected)
 
 
-def test_reinforce_pp_baseline_refuses_episodes_of_several_rows() -> None:
-    gen = torch.Generator().manual_seed(0)
-    turns = to_batch([Group.of_episodes("p", [_episode(e, gen)[1] for e in range(G)], 0)], 0)
+def test_reinforce_pp_baseline_subtracts_the_groups_mean_episode_score() -> None:
+    """One row per episode: REINFORCE++-baseline as the algorithm defines it. Several rows: each
+    row's reward minus the mean of its group's episode rewards, each episode counted once."""
+    batch, _ = _batch()
     algo = algorithm_config(
         "reinforce_pp", group_size=G, adv_estimator="reinforce_pp_baseline", kl_in_reward_coef=0.0
     )
-    with pytest.raises(ValueError, match="one trajectory per episode"):
-        with_advantages(turns, algo, max_new_tokens=8)
+    got = with_advantages(batch, algo, max_new_tokens=8)["advantages"]
+    expected = reinforce_pp_advantages(
+        batch.rewards, batch.loss_mask, baseline="group", group_size=G
+    )
+    torch.testing.assert_close(got, expected)
+
+    gen = torch.Generator().manual_seed(0)
+    episodes = [_episode(e, gen)[1] for e in range(G)]  # rewards 1, 0, 0, 1: mean 0.5
+    episodes[0] = episodes[0] + [episodes[0][-1]]  # a third row: must not count twice
+    turns = to_batch([Group.of_episodes("p", episodes, 0)], 0)
+    got = with_advantages(turns, algo, max_new_tokens=8)["advantages"]
+    centred = turns.rewards - 0.5
+    torch.testing.assert_close(got, reinforce_pp_advantages(centred, turns.loss_mask))
