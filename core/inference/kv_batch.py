@@ -47,6 +47,20 @@ def pad_left(t: torch.Tensor, width: int, dim_from_end: int) -> torch.Tensor:
     return F.pad(t, spec) if missing else t
 
 
+class _Filled:
+    """A :class:`GrowingLayer` attribute that reads as the filled part of its buffer and is
+    assigned as a whole new buffer."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, layer: Any, owner: type | None = None) -> Any:
+        return self if layer is None else layer._get(self.name)
+
+    def __set__(self, layer: Any, t: torch.Tensor | None) -> None:
+        layer._set(self.name, t)
+
+
 class GrowingLayer(DynamicLayer):
     """A full-attention cache layer with spare columns: appending writes in place.
 
@@ -73,21 +87,8 @@ class GrowingLayer(DynamicLayer):
         self._buffers[name] = t
         self._filled[name] = t.shape[-2] if t is not None and t.dim() == 4 else 0
 
-    @property  # type: ignore[override]
-    def keys(self) -> torch.Tensor | None:
-        return self._get("keys")
-
-    @keys.setter
-    def keys(self, t: torch.Tensor | None) -> None:
-        self._set("keys", t)
-
-    @property  # type: ignore[override]
-    def values(self) -> torch.Tensor | None:
-        return self._get("values")
-
-    @values.setter
-    def values(self, t: torch.Tensor | None) -> None:
-        self._set("values", t)
+    keys = _Filled()  # type: ignore[assignment]
+    values = _Filled()  # type: ignore[assignment]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any

@@ -192,29 +192,22 @@ def split_minibatches(batch: TrainBatch, n: int, *, group_size: int = 1) -> list
     if n < 1:
         raise ValueError(f"ppo_n_minibatches={n} must be >= 1")
     ids = batch.fields.get("group")
-    if ids is not None and len(ids):
-        starts = torch.cat([torch.tensor([True]), ids[1:] != ids[:-1]]).nonzero()[:, 0].tolist()
-        bounds = [*starts, len(batch)]
-        if n > len(starts):
-            raise ValueError(f"cannot split {len(starts)} groups into {n} minibatches")
-        parts = torch.arange(len(starts)).tensor_split(n)
-        return [batch.select(torch.arange(bounds[p[0]], bounds[p[-1] + 1])).trim() for p in parts]
-    if len(batch) % group_size:
-        raise ValueError(f"batch of {len(batch)} rows is not whole groups of {group_size}")
-    n_groups = len(batch) // group_size
-    if n > n_groups:
-        raise ValueError(f"cannot split {n_groups} groups into {n} minibatches")
-    groups = torch.arange(n_groups).tensor_split(n)
-    return [batch.select(_rows_of(g, group_size)).trim() for g in groups]
+    if ids is None:
+        if len(batch) % group_size:
+            raise ValueError(f"batch of {len(batch)} rows is not whole groups of {group_size}")
+        ids = torch.arange(len(batch)) // group_size
+    starts = (torch.cat([torch.tensor([True]), ids[1:] != ids[:-1]]).nonzero()[:, 0].tolist()
+              if len(ids) else [])  # fmt: skip
+    if n > len(starts):
+        raise ValueError(f"cannot split {len(starts)} groups into {n} minibatches")
+    bounds = [*starts, len(batch)]
+    parts = torch.arange(len(starts)).tensor_split(n)
+    return [batch.select(torch.arange(bounds[p[0]], bounds[p[-1] + 1])).trim() for p in parts]
 
 
 def shard_rows(batch: TrainBatch, rank: int, world_size: int, *, group_size: int = 1) -> TrainBatch:
     """Rank ``rank``'s contiguous share of ``batch`` (whole groups), for data parallelism."""
     return split_minibatches(batch, world_size, group_size=group_size)[rank]
-
-
-def _rows_of(groups: Tensor, group_size: int) -> Tensor:
-    return (groups[:, None] * group_size + torch.arange(group_size)).flatten()
 
 
 def micro_batch_indices(batch: TrainBatch, max_tokens: int) -> list[Tensor]:
