@@ -325,6 +325,15 @@ class HFEngine:
             # Set inside the lock: a round started right after sees new weights *and* version.
             self._version = version
 
+    async def wait_idle(self) -> None:
+        """Return once no request is queued or running and the worker is between rounds.
+
+        Requests resolve as they finish, inside a round; ``stats`` counts a round when it ends.
+        So a caller that reads ``stats`` right after its requests return can miss the last
+        round: wait for this first.
+        """
+        await self._wait_idle()
+
     async def _wait_idle(self) -> None:
         """Wait until the worker is between rounds and, being paused, will not start another."""
         ack: cf.Future = cf.Future()

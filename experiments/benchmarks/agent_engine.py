@@ -72,6 +72,7 @@ async def run_episodes(engine: HFEngine, workflow: Any, samples: list[dict]) -> 
     start = time.perf_counter()
     episodes = await asyncio.gather(*(workflow.run_episode(engine, s) for s in samples))
     wall = time.perf_counter() - start
+    await engine.wait_idle()  # the last round's counts land when it ends, after its requests
     after = engine.stats.as_dict()
     spent = {k: after[k] - before[k] for k in ("tokens_generated", "decode_steps",
                                                "prefill_tokens", "prefix_cached_tokens",

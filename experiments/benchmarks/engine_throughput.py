@@ -132,6 +132,7 @@ async def run_level(
     start = time.perf_counter()
     await asyncio.gather(*(client(i) for i in range(n_clients)))
     elapsed = time.perf_counter() - start
+    await engine.wait_idle()  # the last round's counts land when it ends, after its requests
     d = {k: getattr(engine.stats, k) - before[k] for k in COUNTERS}
     model_s = d["prefill_s"] + d["decode_s"]
     return {

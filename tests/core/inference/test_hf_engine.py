@@ -148,8 +148,7 @@ def test_same_seed_reproduces_other_seed_differs(model_dir, tokenizer, prompts) 
 def settle(engine: HFEngine) -> None:
     """Wait until the worker has booked its last round in ``engine.stats``: it answers the
     requests first, so reading the stats right after the last response races with it."""
-    run(engine.pause())  # returns once the worker is between rounds
-    run(engine.resume())
+    run(engine.wait_idle())
 
 
 def test_concurrent_requests_are_batched_and_faster(no_eos_engine, prompts) -> None:

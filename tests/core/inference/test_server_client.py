@@ -205,6 +205,8 @@ def test_a_group_goes_to_one_server_and_groups_spread(servers, model_dir, prompt
             await asyncio.gather(*(client.agenerate(r) for r in group))
 
     run(main())
+    for handle in (a, b):  # prefill counts land when a round ends, after its responses
+        run(handle.engine.wait_idle())
     assert a.engine.stats.requests_served == 4 == b.engine.stats.requests_served
     # every prompt token a server saw (prefilled, or copied from a group member) is its prompt's
     seen = {
