@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import uuid
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -96,6 +97,7 @@ class AgentChatClient:
         self.sampling = sampling
         self.seed = seed
         self.model = model
+        self.session = uuid.uuid4().hex  # the episode's calls go to one server (its KV cache)
         self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
         self._turn_end = end_of_turn_ids(tokenizer)
         self._tokens = _Tokens()  # the conversation going on
@@ -134,7 +136,8 @@ class AgentChatClient:
             stop_token_ids=list(dict.fromkeys([*self.sampling.stop_token_ids, *self._turn_end])),
             seed=None if self.seed is None else derive_seed(self.seed, self.n_calls),
         )
-        response = await generate_resuming(self.engine, GenerationRequest(prompt_ids, sampling))
+        request = GenerationRequest(prompt_ids, sampling, session=self.session)
+        response = await generate_resuming(self.engine, request)
         self.n_calls += 1
         self.completion_tokens += len(response.output_ids)
         self._tokens.generated(response.output_ids, response.logprobs, response.versions)

@@ -42,11 +42,17 @@ class SamplingParams:
 
 @dataclass
 class GenerationRequest:
-    """Prompt token ids and sampling parameters; ``rid`` identifies the request across resumes."""
+    """Prompt token ids and sampling parameters; ``rid`` identifies the request across resumes.
+
+    ``session`` names the conversation a request continues (an agent episode's calls share one):
+    clients over several servers send a session's requests to one server, whose prefix cache
+    holds the conversation so far. Empty = a request on its own.
+    """
 
     input_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    session: str = ""
 
 
 @dataclass
@@ -118,7 +124,7 @@ async def generate_resuming(
     while True:
         sampling = replace(request.sampling, max_new_tokens=budget - len(output))
         part = await engine.agenerate(
-            GenerationRequest(request.input_ids + output, sampling, request.rid)
+            GenerationRequest(request.input_ids + output, sampling, request.rid, request.session)
         )
         output += part.output_ids
         logprobs += part.logprobs

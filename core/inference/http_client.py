@@ -5,8 +5,9 @@ samples of a GRPO group land together, so the server computes the prompt once (S
 cache, vLLM's prefix cache, our engine's one prefill per group) -- and otherwise to the next
 server round-robin, so distinct prompts spread evenly. A resumed request (same ``rid``, see
 :func:`~core.inference.api.generate_resuming`) goes back to the server that started it, whose
-prefix cache may still help and whose ``rid`` bookkeeping stays in one place. (A later turn of a
-multi-turn episode is a new prompt and is routed afresh.)
+prefix cache may still help and whose ``rid`` bookkeeping stays in one place. A later call of a
+multi-turn conversation (same ``session``) goes where the conversation went, so the server
+prefills only its new tokens; routed afresh it would prefill the whole conversation again.
 
 Pausing is enforced on both sides: the client holds back new requests until :meth:`resume`, and
 subclasses tell the servers to stop (in-flight requests then come back as ``abort``).
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 _RETRY_STATUS = {502, 503, 504}  # a server restarting or a proxy in front of one
 API_KEY_ENV = "ASYNCRL_ENGINE_API_KEY"
 PROMPT_ROUTES = 4096  # recent prompts remembered for routing (a few batches' worth of groups)
+SESSION_ROUTES = 16_384  # recent conversations remembered for routing (episodes in flight)
 T = TypeVar("T")
 
 
@@ -109,6 +111,7 @@ class HTTPEngineClient:
         self._round_robin = itertools.cycle(range(len(self.urls)))
         self._rid_server: dict[str, int] = {}
         self._prompt_server: OrderedDict[int, int] = OrderedDict()  # hash(prompt) -> server, LRU
+        self._session_server: OrderedDict[str, int] = OrderedDict()  # session -> server, LRU
         self._down: set[int] = set()  # unreachable servers, skipped until restore()
         self._paused = False
         self._resume_waiters: list[asyncio.Future] = []
@@ -139,22 +142,24 @@ class HTTPEngineClient:
                 if not future.done():
                     future.set_result(None)
 
-    def server_for(self, rid: str, prompt: Sequence[int] | None = None) -> int:
-        """The server index for ``rid``: sticky once chosen; a new one goes where ``prompt`` last
-        went, else round-robin; a request whose server went down moves to a live one."""
+    def server_for(self, rid: str, prompt: Sequence[int] | None = None, session: str = "") -> int:
+        """The server index for ``rid``: sticky once chosen; a new one goes where its
+        ``session`` went, else where ``prompt`` last went, else round-robin; a request whose
+        server went down moves to a live one."""
         index = self._rid_server.get(rid)
         if index is None or index in self._down:
             if len(self._down) >= len(self.urls):
                 raise ServersDown(f"no inference server is reachable: {self.urls}")
             key = hash(tuple(prompt)) if prompt is not None else None
-            index = self._prompt_server.get(key) if key is not None else None
+            index = self._session_server.get(session) if session else None
+            if index is None or index in self._down:
+                index = self._prompt_server.get(key) if key is not None else None
             if index is None or index in self._down:
                 index = next(i for i in self._round_robin if i not in self._down)
             if key is not None:
-                self._prompt_server[key] = index
-                self._prompt_server.move_to_end(key)
-                if len(self._prompt_server) > PROMPT_ROUTES:
-                    self._prompt_server.popitem(last=False)
+                _remember(self._prompt_server, key, index, PROMPT_ROUTES)
+            if session:
+                _remember(self._session_server, session, index, SESSION_ROUTES)
             self._rid_server[rid] = index
         return index
 
@@ -177,14 +182,18 @@ class HTTPEngineClient:
             self._down.discard(self.urls.index(normalize_address(address)))
 
     async def on_server(
-        self, rid: str, call: Callable[[str], Awaitable[T]], prompt: Sequence[int] | None = None
+        self,
+        rid: str,
+        call: Callable[[str], Awaitable[T]],
+        prompt: Sequence[int] | None = None,
+        session: str = "",
     ) -> T:
         """``call(url)`` on ``rid``'s server (see :meth:`server_for`); when that server is
         unreachable (after the retries) it is marked down and the request goes, whole, to a live
         one. The last live server is never marked down: its error is raised (the caller's
         episode fails)."""
         while True:
-            index = self.server_for(rid, prompt)
+            index = self.server_for(rid, prompt, session)
             try:
                 return await call(self.urls[index])
             except Exception as exc:
@@ -294,3 +303,11 @@ class HTTPEngineClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _remember(routes: OrderedDict, key: Any, index: int, limit: int) -> None:
+    """Route ``key`` to ``index``, most recent last; the oldest route goes past ``limit``."""
+    routes[key] = index
+    routes.move_to_end(key)
+    if len(routes) > limit:
+        routes.popitem(last=False)

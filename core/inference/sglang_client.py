@@ -100,6 +100,7 @@ class SGLangClient(HTTPEngineClient):
             request.rid,
             lambda url: self.request("POST", url + "/generate", payload),
             prompt=request.input_ids,
+            session=request.session,
         )
         resp = parse_generate_response(data, self._version)
         if resp.stop_reason != "abort":

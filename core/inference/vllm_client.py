@@ -109,6 +109,7 @@ class VLLMClient(HTTPEngineClient):
             request.rid,
             lambda url: self.request("POST", url + "/v1/completions", payload),
             prompt=request.input_ids,
+            session=request.session,
         )
         resp = parse_completion(data, self._version)
         if resp.stop_reason != "abort":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -92,6 +93,7 @@ class ToolAgentWorkflow:
         )
         budget = self.sampling.max_new_tokens
         turns, tool_seconds, n_resumes, stop_reason = 0, 0.0, 0, "length"
+        session = uuid.uuid4().hex  # every turn on one server: its prefix cache has the rest
         while turns < self.max_turns and budget > 0:
             turns += 1
             sampling = dataclasses.replace(
@@ -99,7 +101,7 @@ class ToolAgentWorkflow:
             )
             response = cut_response(
                 self.tokenizer,
-                await generate_resuming(engine, GenerationRequest(ids, sampling)),
+                await generate_resuming(engine, GenerationRequest(ids, sampling, session=session)),
                 sampling.stop,
             )
             n_resumes += response.n_resumes

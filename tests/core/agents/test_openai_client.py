@@ -13,7 +13,9 @@ from openai.types.chat import ChatCompletion
 from core.agents.openai_client import AgentChatClient
 from core.inference.api import SamplingParams
 from core.inference.hf_engine import HFEngine
+from core.inference.sglang_client import SGLangClient
 from core.models import load_model
+from tests.core.inference.helpers import ServerThread
 
 pytestmark = pytest.mark.unit
 
@@ -121,3 +123,25 @@ def test_no_call_no_trajectory(tool_chat_tokenizer) -> None:
     client = AgentChatClient(None, tool_chat_tokenizer, SamplingParams(4))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no chat completion call"):
         client.trajectories(1.0)
+
+
+def test_an_episode_stays_on_one_of_several_servers(tool_chat_model, tool_chat_tokenizer) -> None:
+    """Over two servers, every call of one episode goes to the same server, so each later call
+    continues the conversation in that server's prefix cache instead of prefilling it whole."""
+    threads = ServerThread()
+    try:
+        a, b = (threads.start(model_dir=tool_chat_model, seed=0) for _ in range(2))
+
+        async def episode() -> None:
+            async with SGLangClient([a.address, b.address]) as engine:
+                client = AgentChatClient(engine, tool_chat_tokenizer, SamplingParams(8), seed=7)
+                await asyncio.to_thread(converse, client)  # converse runs its own event loop
+
+        asyncio.run(episode())
+        for handle in (a, b):
+            asyncio.run(handle.engine.wait_idle())
+        served = sorted((h.engine.stats.requests_served, h.engine.stats.prefix_cached_tokens)
+                        for h in (a, b))  # fmt: skip
+        assert served[0] == (0, 0) and served[1][0] == 3 and served[1][1] > 0
+    finally:
+        threads.close()

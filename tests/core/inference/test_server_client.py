@@ -216,6 +216,48 @@ def test_a_group_goes_to_one_server_and_groups_spread(servers, model_dir, prompt
     assert seen == {4 * len(first), 4 * len(second)}
 
 
+def test_a_conversation_goes_back_to_its_server(servers, model_dir, prompts) -> None:
+    """Three calls of one conversation (each prompt the last one + its reply + new tokens) land
+    on one server, whose prefix cache serves every later call; without a session such calls
+    alternate between the two servers (each a new prompt): the second is prefilled whole."""
+    a = servers.start(model_dir=model_dir)
+    b = servers.start(model_dir=model_dir)
+
+    async def converse(first: int, session: str) -> None:
+        async with SGLangClient([a.address, b.address]) as client:
+            ids = list(prompts[first])
+            for turn in range(3):
+                reply = await client.agenerate(GenerationRequest(ids, GREEDY, session=session))
+                ids += reply.output_ids + prompts[first + turn + 1][:5]  # + a tool's answer
+
+    def served() -> list[tuple[int, int]]:
+        for handle in (a, b):  # prefill counts land when a round ends, after its responses
+            run(handle.engine.wait_idle())
+        return [(h.engine.stats.requests_served, h.engine.stats.prefix_cached_tokens)
+                for h in (a, b)]  # fmt: skip
+
+    run(converse(0, "episode-1"))
+    (n_a, cached_a), (n_b, cached_b) = served()
+    assert sorted([n_a, n_b]) == [0, 3]
+    with_session = cached_a + cached_b
+    assert with_session >= 2 * len(prompts[0])  # calls 2 and 3 continued call 1
+    run(converse(4, ""))  # other prompts: nothing of the first conversation in them
+    (m_a, more_a), (m_b, more_b) = served()
+    assert (m_a - n_a, m_b - n_b) in {(1, 2), (2, 1)}
+    # only call 3 found a conversation (call 1's, on the same server); call 2 found none
+    assert more_a + more_b - with_session <= len(prompts[4]) + GREEDY.max_new_tokens
+
+
+def test_sessions_stick_and_move_off_a_server_that_went_down() -> None:
+    client = SGLangClient(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
+    home = client.server_for("r1", [5, 6, 7], session="s")
+    assert client.server_for("r2", [5, 6, 7, 8, 9], session="s") == home
+    assert client.server_for("r3", [5, 6, 7, 1]) != home  # a new prompt, no session: the next
+    client.mark_down(home, ConnectionError("test"))
+    moved = client.server_for("r4", [5, 6, 7, 8, 9, 1], session="s")
+    assert moved != home and client.server_for("r5", [1], session="s") == moved
+
+
 def test_prompt_routes_skip_a_server_that_went_down() -> None:
     client = SGLangClient(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
     home = client.server_for("r1", [5, 6, 7])

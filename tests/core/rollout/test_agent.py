@@ -99,6 +99,8 @@ def test_tool_call_result_masked_and_rewarded(tokenizer) -> None:
         for i, m in enumerate(traj.loss_mask)
         if not m
     )
+    # one conversation: every turn names the episode's session (HTTP clients keep it on one server)
+    assert len({r.session for r in engine.requests}) == 1 and engine.requests[0].session
     # the second turn saw prompt + first turn + tool result as context
     second = engine.requests[1].input_ids
     assert tokenizer.decode(second).endswith("7-2=<calc>7-2</calc><result>5</result>")
