@@ -54,6 +54,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.server_launcher": ("asyncrl", "sglang"),
     "rollout.weight_sync": ("disk", "distributed"),
     "rollout.trajectory_mode": ("conversation", "per_turn"),
+    "rollout.kv_after_update": ("recompute", "keep"),
 }
 
 
@@ -280,6 +281,15 @@ def validate(config: Config) -> None:
             "rollout.trajectory_mode=per_turn needs the agent workflow "
             f"(rollout.workflow=core.agents.workflow:OpenAIAgentWorkflow), got "
             f"rollout.workflow={config.rollout.workflow!r}"
+        )
+    r = config.rollout
+    if r.kv_after_update == "keep" and not (
+        r.engine == "hf"
+        or (r.engine == "sglang" and not r.server_addresses and r.server_launcher == "asyncrl")
+    ):
+        raise ConfigError(
+            "rollout.kv_after_update=keep needs our engine (rollout.engine=hf, or sglang with "
+            "rollout.server_launcher=asyncrl and no server_addresses)"
         )
     if config.rollout.engine == "vllm" and not config.rollout.server_addresses:
         # The run launches SGLang-protocol servers (ours or SGLang), not vLLM.

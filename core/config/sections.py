@@ -290,7 +290,16 @@ class RolloutConfig:
         131_072,
         "Tokens of finished requests' KV cache the in-process engine keeps, so a request that "
         "continues one (an agent's next call) prefills only its new tokens; 0 = off. Cleared "
-        "on every weight update.",
+        "on every weight update unless rollout.kv_after_update=keep.",
+    )
+    kv_after_update: str = documented(
+        "recompute",
+        "What the engine does with kept KV caches when new weights load: 'recompute' (AReaL: "
+        "drop them; a conversation's next call prefills it all again under the new weights) or "
+        "'keep' (PipelineRL's in-flight update: conversations continue on keys and values "
+        "computed by older weights, so later tokens are sampled from a mix of versions; their "
+        "recorded log-probs are the ones sampled with, so the behaviour weights stay exact). "
+        "Our engines only (rollout.engine=hf, or server_launcher=asyncrl).",
     )
     max_new_tokens: int = documented(64, "Generation budget per completion.")
     temperature: float = documented(

@@ -98,6 +98,7 @@ class HFEngine:
         splice: bool = True,
         share_prefill: bool = True,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        keep_kv_on_update: bool = False,
         name: str = "hf-engine",
     ) -> None:
         if max_batch_size < 1 or chunk_tokens < 1:
@@ -115,6 +116,7 @@ class HFEngine:
         )  # fmt: skip
         self.max_batch_size = max_batch_size
         self.chunk_tokens = chunk_tokens
+        self.keep_kv_on_update = keep_kv_on_update  # see rollout.kv_after_update
         self.stats = EngineStats()
         self._version = version
         self._cond = threading.Condition()
@@ -143,6 +145,7 @@ class HFEngine:
         splice: bool = True,
         share_prefill: bool = True,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        keep_kv_on_update: bool = False,
         version: int = 0,
     ) -> HFEngine:
         """Load model (and tokenizer, for eos/pad ids, if the folder has one) from ``model_dir``.
@@ -168,6 +171,7 @@ class HFEngine:
             model, tokenizer, eos_token_ids=eos_ids, pad_token_id=model.config.pad_token_id,
             max_batch_size=max_batch_size, chunk_tokens=chunk_tokens, seed=seed, splice=splice,
             share_prefill=share_prefill, prefix_cache_tokens=prefix_cache_tokens, version=version,
+            keep_kv_on_update=keep_kv_on_update,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ protocol
@@ -321,7 +325,8 @@ class HFEngine:
         with self._model_lock:
             load_weights(self.model, state)
             self._decoder.reset()  # a kept KV cache was computed with the old weights
-            self._decoder.forget_prefixes()
+            if not self.keep_kv_on_update:  # else conversations go on with it (PipelineRL)
+                self._decoder.forget_prefixes()
             # Set inside the lock: a round started right after sees new weights *and* version.
             self._version = version
 

@@ -454,6 +454,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tokens of finished requests' KV cache kept for requests that continue them "
         "(an agent's next call); 0 = off",
     )
+    p.add_argument(
+        "--kv-after-update",
+        choices=("recompute", "keep"),
+        default="recompute",
+        help="kept KV caches when new weights load: drop them (recompute) or let conversations "
+        "go on with them (keep; PipelineRL's in-flight update)",
+    )
     p.add_argument("--seed", "--random-seed", dest="seed", type=int, default=0)
     p.add_argument(
         "--weight-version",
@@ -513,6 +520,7 @@ def main(argv: list[str] | None = None) -> None:
         max_batch_size=args.max_batch_size, chunk_tokens=args.chunk_tokens, seed=args.seed,
         torch_threads=args.torch_threads, version=args.weight_version,
         prefix_cache_tokens=args.prefix_cache_tokens,
+        keep_kv_on_update=args.kv_after_update == "keep",
     )  # fmt: skip
 
 

@@ -63,6 +63,7 @@ def server_spec(
             extra += ["--weights-root", root]
         extra += ["--torch-threads", str(config.scheduler.torch_threads)]
         extra += ["--prefix-cache-tokens", str(r.prefix_cache_tokens)]
+        extra += ["--kv-after-update", r.kv_after_update]
     return SGLangLaunchSpec(
         model_path=model_dir,
         host=host,

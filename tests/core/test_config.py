@@ -138,6 +138,14 @@ def test_value_checks_name_the_field() -> None:
     with pytest.raises(ConfigError, match="rollout.server_python='/nope/python'"):
         load_config(QUICKSTART, ["rollout.engine=sglang", "rollout.server_python=/nope/python"])
     assert load_config(QUICKSTART, ["rollout.engine=sglang"]).rollout.n_servers == 1
+    with pytest.raises(ConfigError, match="rollout.kv_after_update=keep needs our engine"):
+        load_config(QUICKSTART, ["rollout.kv_after_update=keep", "rollout.engine=sglang",
+                                 "rollout.server_launcher=sglang"])  # fmt: skip
+    with pytest.raises(ConfigError, match="rollout.kv_after_update='reuse' is not one of"):
+        load_config(QUICKSTART, ["rollout.kv_after_update=reuse"])
+    for engine in ("hf", "sglang"):  # the in-process engine, or our launched servers
+        keep = ["rollout.kv_after_update=keep", f"rollout.engine={engine}"]
+        assert load_config(QUICKSTART, keep).rollout.kv_after_update == "keep"
     sglang = ["rollout.engine=sglang", "rollout.server_addresses=[10.0.0.5:30000]"]
     assert load_config(GSM8K, sglang).rollout.server_addresses == ["10.0.0.5:30000"]
 

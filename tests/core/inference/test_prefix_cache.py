@@ -11,6 +11,7 @@ from core.inference.api import GenerationRequest, SamplingParams, WeightSource
 from core.inference.hf_engine import HFEngine
 from core.inference.prefix_cache import PrefixCache
 from core.models import load_model
+from core.training.shared_prompts import cache_kwarg
 from tests.core.inference.helpers import run, teacher_logprobs, wait_for_tokens
 
 
@@ -109,6 +110,42 @@ def test_new_weights_clear_the_cache(model_dir, new_state, prompts) -> None:
     assert engine.stats.prefix_cached_tokens == only_the_last_call
 
 
+def test_kept_caches_outlive_new_weights(
+    model_dir, ref_model, new_model, new_state, prompts
+) -> None:
+    """With ``keep_kv_on_update`` (PipelineRL's in-flight update) a conversation goes on from the
+    keys and values the old weights computed: its next call prefills only the new tokens, under
+    the new weights, and the log-probs it records are those of that mixed computation (which
+    differ from a full prefill with the new weights)."""
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3)
+
+    async def main(engine: HFEngine):
+        first = await engine.agenerate(GenerationRequest(prompts[0], sampling))
+        follow = prompts[0] + first.output_ids + prompts[1][:4]
+        await engine.pause()
+        await engine.update_weights(WeightSource(state_dict=new_state), 1)
+        await engine.resume()
+        return first, follow, await engine.agenerate(GenerationRequest(follow, sampling))
+
+    engine = HFEngine(load_model(model_dir), None, prefix_cache_tokens=4096, keep_kv_on_update=True)
+    with engine:
+        first, follow, second = run(main(engine))
+    read = prompts[0] + first.output_ids[:-1]  # what the first call left in the cache
+    assert engine.stats.prefix_cached_tokens == len(read)
+    assert second.versions == [1] * len(second.output_ids)
+    name = cache_kwarg(ref_model)  # "cache", or "past_key_values" before transformers 5.2x
+    with torch.no_grad():
+        past = getattr(ref_model(torch.tensor([read]), use_cache=True), name)
+        rest = follow[len(read) :] + second.output_ids
+        logits = new_model(torch.tensor([rest]), use_cache=True, **{name: past}).logits[0]
+    new_rows = logits[len(rest) - len(second.output_ids) - 1 : -1].float()
+    picked = torch.tensor(second.output_ids)[:, None]
+    mixed = torch.log_softmax(new_rows, -1).gather(1, picked).squeeze(1)
+    torch.testing.assert_close(torch.tensor(second.logprobs), mixed, atol=1e-4, rtol=0)
+    recomputed = teacher_logprobs(new_model, follow, second.output_ids, 1.0)
+    assert (torch.tensor(second.logprobs) - recomputed).abs().max() > 1e-3
+
+
 def test_a_continuation_and_a_new_request_join_a_running_batch_together(
     model_dir, ref_model, prompts
 ) -> None:
@@ -141,14 +178,30 @@ def test_a_continuation_and_a_new_request_join_a_running_batch_together(
 
 
 def test_servers_the_run_launches_get_its_cache_size(model_dir, tmp_path) -> None:
-    """``rollout.prefix_cache_tokens`` reaches our server's command line, which accepts it."""
+    """``rollout.prefix_cache_tokens`` and ``kv_after_update`` reach our server's command line,
+    which accepts them."""
     from core.config import load_config
     from core.inference.server import parse_args
     from core.runtime.fleet import server_spec
 
     config = load_config(
-        None, ["rollout.prefix_cache_tokens=777", "rollout.server_launcher=asyncrl"]
-    )
+        None, ["rollout.prefix_cache_tokens=777", "rollout.server_launcher=asyncrl",
+               "rollout.kv_after_update=keep"]
+    )  # fmt: skip
     extra = server_spec(config, str(model_dir), 0, [str(tmp_path)], port=1234).extra_args
     assert extra[extra.index("--prefix-cache-tokens") + 1] == "777"
-    assert parse_args(["--model", str(model_dir), *extra]).prefix_cache_tokens == 777
+    args = parse_args(["--model", str(model_dir), *extra])
+    assert args.prefix_cache_tokens == 777 and args.kv_after_update == "keep"
+
+
+def test_the_in_process_engine_gets_the_cache_settings(model_dir) -> None:
+    from core.config import load_config
+    from core.runtime.rollout_worker import build_engine
+
+    for policy, keep in (("recompute", False), ("keep", True)):
+        config = load_config(
+            None, [f"rollout.kv_after_update={policy}", "rollout.prefix_cache_tokens=999"]
+        )
+        with build_engine(config, str(model_dir)) as engine:
+            assert engine.keep_kv_on_update is keep
+            assert engine._decoder.prefixes.max_tokens == 999
