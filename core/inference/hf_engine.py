@@ -252,7 +252,7 @@ class HFEngine:
             current = self._pause_mode
             if current is None or _PAUSE_STRENGTH[mode] > _PAUSE_STRENGTH[current]:
                 self._pause_mode = mode
-        await self._wait_idle()
+        await self.wait_idle()
 
     async def resume(self) -> None:
         with self._cond:
@@ -274,7 +274,7 @@ class HFEngine:
     async def update_weights(self, source: WeightSource, version: int) -> None:
         if not self.paused:
             raise RuntimeError("update_weights needs a paused engine: call pause() first")
-        await self._wait_idle()
+        await self.wait_idle()
         state = await asyncio.to_thread(read_state_dict, source)
         await asyncio.to_thread(self._load, state, version)
         logger.info("weights updated to version %d", version)
@@ -331,16 +331,13 @@ class HFEngine:
             self._version = version
 
     async def wait_idle(self) -> None:
-        """Return once no request is queued or running and the worker is between rounds.
+        """Return once the worker is between rounds and will not start another: nothing is
+        queued or running, or the engine is paused.
 
         Requests resolve as they finish, inside a round; ``stats`` counts a round when it ends.
         So a caller that reads ``stats`` right after its requests return can miss the last
         round: wait for this first.
         """
-        await self._wait_idle()
-
-    async def _wait_idle(self) -> None:
-        """Wait until the worker is between rounds and, being paused, will not start another."""
         ack: cf.Future = cf.Future()
         with self._cond:
             if self._closed:
