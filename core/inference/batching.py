@@ -33,8 +33,9 @@ from core.inference.api import GenerationRequest, GenerationResponse, StopReason
 from core.inference.kv_batch import (
     LiveBatch,
     growing_cache,
+    hold,
     left_pad,
-    pad_left,
+    roomy_buffer,
     splice_supported,
 )
 from core.inference.prefix_cache import PrefixCache
@@ -239,9 +240,16 @@ class BatchDecoder:
             )
         cache = growing_cache(self.model.config)
         for layer, per_row in enumerate(zip(*(p.layers for _, p in hits), strict=True)):
-            keys = torch.stack([pad_left(k, cached, 2) for k, _ in per_row])
-            values = torch.stack([pad_left(v, cached, 2) for _, v in per_row])
-            cache.update(keys, values, layer)
+            # each row's prefix right-aligned at column ``cached``, zeros before it; the room
+            # after it takes the new tokens (and the first decode steps) without a copy
+            k0, v0 = per_row[0]
+            keys = roomy_buffer(k0[None], len(hits), cached + ids.shape[1])
+            values = roomy_buffer(v0[None], len(hits), cached + ids.shape[1])
+            for row, (k, v) in enumerate(per_row):
+                pad = cached - k.shape[-2]
+                keys[row, :, :pad], values[row, :, :pad] = 0, 0
+                keys[row, :, pad:cached], values[row, :, pad:cached] = k, v
+            hold(cache, layer, keys, values, cached)
         mask = torch.cat([old_mask, new_mask], dim=1)
         logits = self._forward(ids, mask, positions, cache)
         stats.prefill_tokens += sum(map(len, suffixes))

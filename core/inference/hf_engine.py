@@ -150,14 +150,18 @@ class HFEngine:
     ) -> HFEngine:
         """Load model (and tokenizer, for eos/pad ids, if the folder has one) from ``model_dir``.
 
-        ``torch_threads`` sets torch's *process-wide* intra-op thread count.
+        ``torch_threads`` sets torch's *process-wide* intra-op thread count. ``sdpa`` on CPU loads
+        as :data:`~core.models.attention.GROUPED_SDPA` (no copies of grouped key/value heads).
         """
         from core.models import load_model, load_tokenizer  # heavy imports only when used
+        from core.models.attention import inference_attention
 
         if torch_threads:
             torch.set_num_threads(torch_threads)
-        model = load_model(model_dir, dtype=dtype, attn_implementation=attn_implementation)
-        model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        attention = inference_attention(attn_implementation, device)
+        model = load_model(model_dir, dtype=dtype, attn_implementation=attention)
+        model.to(device)
         try:
             tokenizer = load_tokenizer(model_dir)
         except (OSError, ValueError):

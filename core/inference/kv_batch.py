@@ -90,6 +90,13 @@ class GrowingLayer(DynamicLayer):
     keys = _Filled()  # type: ignore[assignment]
     values = _Filled()  # type: ignore[assignment]
 
+    def hold(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
+        """Take ``keys``/``values`` buffers of which the first ``filled`` columns hold the
+        cache: the columns after them are room for appends without a copy."""
+        self.is_initialized, self.device = True, keys.device
+        for name, buffer in (("keys", keys), ("values", values)):
+            self._buffers[name], self._filled[name] = buffer, filled
+
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,6 +121,34 @@ def pad_right(t: torch.Tensor, width: int) -> torch.Tensor:
     out = t.new_empty((*t.shape[:2], width, t.shape[-1]))
     out[:, :, : t.shape[-2]] = t
     return out
+
+
+def roomy_buffer(like: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """An empty ``[rows, H, width + room, D]`` buffer like ``like`` (``[B, H, T, D]``): the room
+    takes the next appends of a :class:`GrowingLayer` without another copy."""
+    room = max(GrowingLayer.spare, width // 4)
+    return like.new_empty((rows, like.shape[1], width + room, like.shape[3]))
+
+
+def hold(
+    cache: DynamicCache, index: int, keys: torch.Tensor, values: torch.Tensor, filled: int
+) -> None:
+    """Make ``keys``/``values`` (their first ``filled`` columns) layer ``index`` of an empty
+    ``cache``: in place on a :class:`GrowingLayer`, else through ``update`` (older 5.x
+    transformers add layers lazily)."""
+    layers = _layers(cache)
+    if index < len(layers) and isinstance(layers[index], GrowingLayer):
+        layers[index].hold(keys, values, filled)
+    else:
+        cache.update(keys[:, :, :filled], values[:, :, :filled], index)
+
+
+def _store(layer: Any, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
+    """Give ``layer`` new buffers whose first ``filled`` columns are its cache."""
+    if isinstance(layer, GrowingLayer):
+        layer.hold(keys, values, filled)
+    else:
+        layer.keys, layer.values = keys[:, :, :filled], values[:, :, :filled]
 
 
 def growing_cache(config: Any) -> DynamicCache:
@@ -176,9 +211,15 @@ class LiveBatch:
             self.pending = self.pending.index_select(0, index)
         first = int(self.mask.any(dim=0).int().argmax())  # first column some row still uses
         self.mask = self.mask[:, first:]
+        width = self.mask.shape[1]
         for layer in _layers(self.cache):
-            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
-            layer.values = layer.values.index_select(0, index)[:, :, first:]
+            # one copy, straight into a buffer with room for the next decode steps
+            buffers = []
+            for kept in (layer.keys, layer.values):
+                buffer = roomy_buffer(kept, len(keep), width)
+                torch.index_select(kept[:, :, first:], 0, index, out=buffer[:, :, :width])
+                buffers.append(buffer)
+            _store(layer, *buffers, width)
 
     def extend(self, other: LiveBatch) -> None:
         """Append ``other``'s rows (its pending tokens are not carried: it must have none)."""
@@ -188,9 +229,19 @@ class LiveBatch:
         def pad(t: torch.Tensor, dim_from_end: int) -> torch.Tensor:
             return pad_left(t, width, dim_from_end)
 
+        n = len(self.rows)
         self.rows = self.rows + other.rows
         self.mask = torch.cat([pad(self.mask, 1), pad(other.mask, 1)], dim=0)
         self.positions = torch.cat([self.positions, other.positions], dim=0)
         for mine, theirs in zip(_layers(self.cache), _layers(other.cache), strict=True):
-            mine.keys = torch.cat([pad(mine.keys, 2), pad(theirs.keys, 2)], dim=0)
-            mine.values = torch.cat([pad(mine.values, 2), pad(theirs.values, 2)], dim=0)
+            # one copy of each, right-aligned in a buffer with room for the next decode steps;
+            # the padding before a shorter cache is zeros (masked, but 0 * NaN would still be NaN)
+            buffers = []
+            for a, b in ((mine.keys, theirs.keys), (mine.values, theirs.values)):
+                buffer = roomy_buffer(a, len(self.rows), width)
+                for rows, part in ((slice(0, n), a), (slice(n, None), b)):
+                    start = width - part.shape[-2]
+                    buffer[rows, :, :start] = 0
+                    buffer[rows, :, start:width] = part
+                buffers.append(buffer)
+            _store(mine, *buffers, width)

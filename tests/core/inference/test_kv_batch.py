@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from core.inference import kv_batch
 from core.inference.kv_batch import GrowingLayer, LiveBatch, growing_cache, left_pad
 from core.training.shared_prompts import cache_kwarg
 
@@ -61,6 +63,42 @@ def test_rows_leaving_and_joining_a_grown_batch() -> None:
     assert g.keys.shape == p.keys.shape == (3, 2, 13, 8)
     torch.testing.assert_close(g.keys, p.keys, rtol=0, atol=0)
     torch.testing.assert_close(g.values, p.values, rtol=0, atol=0)
+
+
+def test_rows_leave_and_join_with_one_copy_into_room_for_decoding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``select`` and ``extend`` each copy the cache once, into a buffer that the next decode
+    steps append to in place; padding before a shorter row is zeros, not the buffer's garbage
+    (masked, but ``0 * NaN`` in attention is still NaN)."""
+    real = kv_batch.roomy_buffer
+    monkeypatch.setattr(kv_batch, "roomy_buffer", lambda *a: real(*a).fill_(float("nan")))
+    cache = DynamicCache()
+    cache.layers = [GrowingLayer()]
+    cache.update(*kv(3, 10, 0), 0)
+    live = LiveBatch(["a", "b", "c"], cache, torch.ones(3, 10, dtype=torch.long), torch.zeros(3, 1))
+    other_cache = DynamicCache()
+    other_cache.layers = [GrowingLayer()]
+    short_k, short_v = kv(2, 4, 1)
+    other_cache.update(short_k, short_v, 0)
+    other = LiveBatch(
+        ["d", "e"], other_cache, torch.ones(2, 4, dtype=torch.long), torch.zeros(2, 1)
+    )
+    kept_k = cache.layers[0].keys[[0, 2]].clone()
+
+    live.select([0, 2])
+    live.extend(other)
+    (layer,) = live.cache.layers
+    assert live.rows == ["a", "c", "d", "e"] and layer.keys.shape == (4, 2, 10, 8)
+    torch.testing.assert_close(layer.keys[:2], kept_k, rtol=0, atol=0)
+    torch.testing.assert_close(layer.keys[2:, :, 6:], short_k, rtol=0, atol=0)
+    assert torch.equal(layer.keys[2:, :, :6], torch.zeros(2, 2, 6, 8))
+    assert torch.equal(layer.values[2:, :, :6], torch.zeros(2, 2, 6, 8))
+    assert not layer.values.isnan().any()
+    storage = layer.keys.untyped_storage().data_ptr()
+    for step in range(GrowingLayer.spare):
+        layer.update(*kv(4, 1, step + 2))
+    assert layer.keys.untyped_storage().data_ptr() == storage  # no move while there was room
 
 
 def test_model_decodes_the_same_with_a_growing_cache(ref_model) -> None:
