@@ -205,7 +205,7 @@ POSITIVE = (
 )  # fmt: skip
 NON_NEGATIVE = (
     "rollout.max_staleness", "rollout.top_k", "rollout.tool_latency_s", "learner.total_steps",
-    "rollout.tool_latency_p99_s", "rollout.prefix_cache_tokens",
+    "rollout.tool_latency_p99_s", "rollout.prefix_cache_tokens", "rollout.max_batch_rows",
     "sft.steps", "sft.warmup_steps", "sft.weight_decay", "sft.max_grad_norm",
     "eval.every_n_steps", "eval.n_samples", "eval.n_problems", "checkpoint.every_n_steps",
     "data.n_train", "data.n_test", "cluster.n_gpus_per_node", "data.max_prompt_tokens",
@@ -290,6 +290,11 @@ def validate(config: Config) -> None:
         raise ConfigError(
             "rollout.kv_after_update=keep needs our engine (rollout.engine=hf, or sglang with "
             "rollout.server_launcher=asyncrl and no server_addresses)"
+        )
+    if r.max_batch_rows and r.engine != "hf":
+        raise ConfigError(
+            "rollout.max_batch_rows needs the in-process engine (rollout.engine=hf): request "
+            f"priorities do not travel over HTTP yet, and rollout.engine={r.engine!r}"
         )
     if config.rollout.engine == "vllm" and not config.rollout.server_addresses:
         # The run launches SGLang-protocol servers (ours or SGLang), not vLLM.

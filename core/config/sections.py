@@ -286,6 +286,14 @@ class RolloutConfig:
         "older than max_staleness either way; off = always admit up to max_staleness.",
     )
     max_concurrent: int = documented(64, "Most episodes in flight at once.")
+    max_batch_rows: int = documented(
+        0,
+        "Most requests the in-process engine (rollout.engine=hf) decodes together; 0 = "
+        "max_concurrent. Below the number of calls waiting, the oldest groups' "
+        "calls go first, so groups finish in about the order they started instead of all "
+        "advancing together (with many episodes in flight, every group then reaches the "
+        "staleness bound at once).",
+    )
     prefix_cache_tokens: int = documented(
         131_072,
         "Tokens of finished requests' KV cache the in-process engine keeps, so a request that "

@@ -15,10 +15,16 @@ stream, because its noise is keyed on the sequence position, which prompt + part
 from __future__ import annotations
 
 import uuid
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, runtime_checkable
 
 StopReason = Literal["stop", "length", "abort"]
+
+# The priority of requests made in this task (and the tasks it starts) unless they set their own:
+# the rollout executor sets it to each group's submission number, so an agent's calls carry their
+# group's age without passing it along.
+request_priority: ContextVar[int] = ContextVar("request_priority", default=0)
 
 
 @dataclass
@@ -47,12 +53,16 @@ class GenerationRequest:
     ``session`` names the conversation a request continues (an agent episode's calls share one):
     clients over several servers send a session's requests to one server, whose prefix cache
     holds the conversation so far. Empty = a request on its own.
+
+    ``priority``: when more requests wait than the in-process engine has batch rows free, the
+    smaller values go first (then the earlier arrivals). Defaults to :data:`request_priority`.
     """
 
     input_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     session: str = ""
+    priority: int = field(default_factory=request_priority.get)
 
 
 @dataclass
@@ -124,7 +134,13 @@ async def generate_resuming(
     while True:
         sampling = replace(request.sampling, max_new_tokens=budget - len(output))
         part = await engine.agenerate(
-            GenerationRequest(request.input_ids + output, sampling, request.rid, request.session)
+            GenerationRequest(
+                request.input_ids + output,
+                sampling,
+                request.rid,
+                request.session,
+                request.priority,
+            )  # fmt: skip
         )
         output += part.output_ids
         logprobs += part.logprobs

@@ -58,6 +58,7 @@ class Slot:
     finish: StopReason | None = None
     stop_check: Callable[[list[int]], bool] | None = None  # stop strings, on the output so far
     n_interrupts: int = 0  # retracted and re-prefilled by a pause in "retract" mode
+    arrival: int | None = None  # its place in the engine's queue among equal priorities
     cancelled: bool = False  # the caller stopped waiting; drop silently
 
     def on_future_done(self, future: asyncio.Future) -> None:

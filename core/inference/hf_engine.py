@@ -4,10 +4,11 @@ A dedicated worker thread owns the model. ``agenerate`` (a coroutine, possibly o
 thread's event loop) queues a request and awaits an asyncio future that the worker resolves with
 ``loop.call_soon_threadsafe``. The worker runs *rounds* (see :mod:`core.inference.batching`):
 the running requests plus up to ``max_batch_size`` waiting ones decode together, one forward per
-step for the whole batch, each finished request answered at once. After ``chunk_tokens`` steps a
-round ends when requests wait to join or enough rows are done; the next round keeps the
-survivors' KV cache and prefills only the newcomers (or, where caches cannot be spliced,
-re-prefills everyone from prompt + generated-so-far). A request that continues a finished one
+step for the whole batch, each finished request answered at once. Waiting requests join in
+order of their ``priority`` (the rollout executor's: oldest group first), then arrival. After
+``chunk_tokens`` steps a round ends when requests wait to join or enough rows are done; the next
+round keeps the survivors' KV cache and prefills only the newcomers (or, where caches cannot be
+spliced, re-prefills everyone from prompt + generated-so-far). A request that continues a finished one
 (an agent's next call) prefills only its new tokens, from the finished request's KV cache
 (``prefix_cache_tokens`` of them kept, cleared when new weights load).
 
@@ -29,11 +30,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import functools
+import heapq
+import itertools
 import logging
 import operator
 import threading
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,6 +60,38 @@ _PAUSE_STRENGTH = {"drain": 0, "retract": 1, "abort": 2}
 
 class GenerationError(RuntimeError):
     """Generating for one request failed inside the engine (the request itself may be fine)."""
+
+
+class WaitQueue:
+    """Requests waiting for a batch row: the smallest ``(priority, arrival)`` first.
+
+    With the rollout executor's priorities (each group's submission number) the oldest groups'
+    calls go first whenever more calls wait than the batch has rows: they finish sooner and are
+    trained on fresher, instead of every group in flight advancing together and all of them
+    reaching the staleness bound at once. Equal priorities keep arrival order; a request put
+    back (a retracting pause) keeps its place.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Slot]] = []
+        self._arrivals = itertools.count()
+
+    def push(self, slot: Slot) -> None:
+        if slot.arrival is None:
+            slot.arrival = next(self._arrivals)
+        heapq.heappush(self._heap, (slot.request.priority, slot.arrival, slot))
+
+    def pop(self) -> Slot:
+        return heapq.heappop(self._heap)[2]
+
+    def clear(self) -> None:
+        self._heap.clear()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self) -> Iterator[Slot]:
+        return (slot for _, _, slot in sorted(self._heap))
 
 
 def _stop_after_one_step(steps: int, n_open: int, n_rows: int) -> bool:
@@ -121,7 +155,7 @@ class HFEngine:
         self._version = version
         self._cond = threading.Condition()
         self._model_lock = threading.Lock()  # held by a round or by a weight load
-        self._waiting: deque[Slot] = deque()
+        self._waiting = WaitQueue()
         self._running: list[Slot] = []
         self._pause_mode: PauseMode | None = None
         self._idle_acks: list[cf.Future] = []
@@ -244,7 +278,7 @@ class HFEngine:
         with self._cond:
             if self._closed:
                 raise RuntimeError("engine is closed")
-            self._waiting.append(slot)
+            self._waiting.push(slot)
             self._cond.notify_all()
         return await slot.future
 
@@ -407,7 +441,7 @@ class HFEngine:
 
     def _admit(self) -> None:
         while self._waiting and len(self._running) < self.max_batch_size:
-            slot = self._waiting.popleft()
+            slot = self._waiting.pop()
             if not slot.cancelled:
                 self._running.append(slot)
 
@@ -459,9 +493,9 @@ class HFEngine:
                     slot.finish = "abort"
                     self._resolve(slot)
             elif self._pause_mode == "retract":
-                for slot in reversed(unfinished):
+                for slot in unfinished:
                     slot.n_interrupts += 1
-                    self._waiting.appendleft(slot)
+                    self._waiting.push(slot)  # back in its old place
                 self._running = []
 
 

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.inference.api import InferenceEngine
+from core.inference.api import InferenceEngine, request_priority
 from core.rollout.api import Group, Trajectory, Workflow, episode_rows, episode_sample
 
 logger = logging.getLogger(__name__)
@@ -279,13 +279,17 @@ class RolloutExecutor:
                 sample = next_sample()
                 self.counters.submitted += 1
                 self.counters.running += 1
-                task = asyncio.create_task(self._run_group(sample, self.version))
+                task = asyncio.create_task(
+                    self._run_group(sample, self.version, self.counters.submitted)
+                )
                 self._tasks[task] = sample
                 task.add_done_callback(lambda t: self._tasks.pop(t, None))
             self._wakeup.clear()
             await self._wakeup.wait()
 
-    async def _run_group(self, sample: dict[str, Any], version: int) -> None:
+    async def _run_group(self, sample: dict[str, Any], version: int, order: int) -> None:
+        # the engine serves older groups' calls first when it has more than it can batch
+        request_priority.set(order)  # this task's context: its episodes' requests inherit it
         started = time.monotonic()
         episodes = [
             self.workflow.run_episode(self.engine, episode_sample(sample, i))

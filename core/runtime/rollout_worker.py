@@ -44,7 +44,7 @@ def build_engine(config: Config, model_dir: str, version: int = 0) -> InferenceE
         from core.inference.hf_engine import HFEngine
 
         return HFEngine.from_pretrained(
-            model_dir, dtype=config.model.dtype, max_batch_size=r.max_concurrent,
+            model_dir, dtype=config.model.dtype, max_batch_size=r.max_batch_rows or r.max_concurrent,
             seed=config.experiment.seed, attn_implementation=config.model.attn_implementation,
             prefix_cache_tokens=r.prefix_cache_tokens, version=version,
             keep_kv_on_update=r.kv_after_update == "keep",

@@ -148,6 +148,10 @@ def test_value_checks_name_the_field() -> None:
         assert load_config(QUICKSTART, keep).rollout.kv_after_update == "keep"
     sglang = ["rollout.engine=sglang", "rollout.server_addresses=[10.0.0.5:30000]"]
     assert load_config(GSM8K, sglang).rollout.server_addresses == ["10.0.0.5:30000"]
+    with pytest.raises(ConfigError, match="rollout.max_batch_rows needs the in-process engine"):
+        load_config(QUICKSTART, ["rollout.max_batch_rows=8", "rollout.engine=sglang"])
+    with pytest.raises(ConfigError, match="rollout.max_batch_rows must be >= 0"):
+        load_config(QUICKSTART, ["rollout.max_batch_rows=-1"])
 
 
 def test_overlong_buffer_must_fit_the_generation_budget() -> None:

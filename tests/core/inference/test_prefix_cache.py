@@ -194,7 +194,7 @@ def test_servers_the_run_launches_get_its_cache_size(model_dir, tmp_path) -> Non
     assert args.prefix_cache_tokens == 777 and args.kv_after_update == "keep"
 
 
-def test_the_in_process_engine_gets_the_cache_settings(model_dir) -> None:
+def test_the_in_process_engine_gets_the_cache_and_batch_settings(model_dir) -> None:
     from core.config import load_config
     from core.runtime.rollout_worker import build_engine
 
@@ -205,3 +205,8 @@ def test_the_in_process_engine_gets_the_cache_settings(model_dir) -> None:
         with build_engine(config, str(model_dir)) as engine:
             assert engine.keep_kv_on_update is keep
             assert engine._decoder.prefixes.max_tokens == 999
+    # the batch: rollout.max_batch_rows rows, or as many as episodes in flight (0)
+    for rows, expected in ((0, 64), (16, 16)):
+        config = load_config(None, [f"rollout.max_batch_rows={rows}", "rollout.max_concurrent=64"])
+        with build_engine(config, str(model_dir)) as engine:
+            assert engine.max_batch_size == expected

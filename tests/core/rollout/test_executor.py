@@ -8,6 +8,7 @@ exactly; the real HF engine runs the same executor in tests/core/runtime/test_ro
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import random
 from typing import Any
@@ -23,6 +24,8 @@ from core.inference.api import (
 )
 from core.rollout.api import Group, Trajectory
 from core.rollout.executor import RolloutError, RolloutExecutor
+
+_current_sample: contextvars.ContextVar[str] = contextvars.ContextVar("_current_sample")
 
 pytestmark = pytest.mark.unit
 
@@ -491,3 +494,33 @@ def test_adaptive_window_rules() -> None:
     c.window = 3
     executor.recover(version=5, counters={"window": 7})  # a checkpoint's window, clamped to η
     assert c.window == 3
+
+
+def test_each_groups_requests_carry_its_submission_number() -> None:
+    """What the engine orders waiting calls by (oldest group first): every request of a group has
+    the group's place in submission order, whatever the workflow did to make it."""
+    seen: dict[str, set[int]] = {}
+
+    class RecordingEngine(TickEngine):
+        async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
+            sample = _current_sample.get()
+            seen.setdefault(sample, set()).add(request.priority)
+            return await super().agenerate(request)
+
+    class TaggingWorkflow(EchoWorkflow):
+        async def run_episode(self, engine: Any, sample: dict[str, Any]) -> Trajectory | None:
+            _current_sample.set(sample["id"])
+            return await super().run_episode(engine, sample)
+
+    async def main() -> None:
+        engine = RecordingEngine()
+        executor = make(engine, TaggingWorkflow(n_tokens=2), eta=0, batch_size=3, group_size=2)
+        executor.start(sample_stream())
+        await scripted_learner(executor, engine, steps=2)
+        await executor.stop()
+
+    run(main())
+    by_sample = {k: v for k, v in seen.items() if k.startswith("s")}
+    assert len(by_sample) >= 6
+    # one priority per group (both episodes): the n-th group submitted (from 1) has priority n
+    assert all(by_sample[f"s{i}"] == {i + 1} for i in range(6)), by_sample
