@@ -15,8 +15,11 @@ spliced, re-prefills everyone from prompt + generated-so-far). A request that co
 Pausing (before a weight update) ends the round after the current forward step. In ``abort``
 mode every in-flight request returns ``stop_reason="abort"`` with its partial tokens (what
 :func:`~core.inference.api.generate_resuming` expects); ``retract`` puts them back in the queue to
-continue after resume under the new weights; ``drain`` lets them finish first. Requests that
-arrive while paused wait for :meth:`HFEngine.resume`.
+continue after resume under the new weights (re-prefilled); ``hold`` keeps them in the batch,
+to go on decoding after resume: on their KV cache as it is when a weight load keeps it
+(``keep_kv_on_update``, PipelineRL's in-flight update), else re-prefilled under the new weights
+like ``retract``. ``drain`` lets them finish first. Requests that arrive while paused wait for
+:meth:`HFEngine.resume`.
 
 A bad request fails alone. ``agenerate`` checks token ids (integers inside the vocabulary) and
 sampling parameters before queueing. If a round still raises, each of its unfinished requests is
@@ -50,12 +53,12 @@ from core.inference.weights import load_weights, read_state_dict
 
 logger = logging.getLogger(__name__)
 
-PauseMode = Literal["abort", "retract", "drain"]
+PauseMode = Literal["abort", "retract", "hold", "drain"]
 # Finished requests' KV kept for continuations: 128k tokens is 256 MB for the tiny preset (4
 # layers x 2 KV heads x 32 dims, float32), 1.6 GB for Qwen2.5-0.5B in bfloat16 (24 x 2 x 64).
 DEFAULT_PREFIX_CACHE_TOKENS = 131_072
 # A stronger mode overrides a weaker one when pause() is called again while paused.
-_PAUSE_STRENGTH = {"drain": 0, "retract": 1, "abort": 2}
+_PAUSE_STRENGTH = {"drain": 0, "hold": 1, "retract": 2, "abort": 3}
 
 
 class GenerationError(RuntimeError):
@@ -362,8 +365,8 @@ class HFEngine:
     def _load(self, state, version: int) -> None:
         with self._model_lock:
             load_weights(self.model, state)
-            self._decoder.reset()  # a kept KV cache was computed with the old weights
-            if not self.keep_kv_on_update:  # else conversations go on with it (PipelineRL)
+            if not self.keep_kv_on_update:  # else requests go on with it (PipelineRL)
+                self._decoder.reset()  # a kept KV cache was computed with the old weights
                 self._decoder.forget_prefixes()
             # Set inside the lock: a round started right after sees new weights *and* version.
             self._version = version
@@ -460,7 +463,7 @@ class HFEngine:
         are finished dead weight.
         """
         mode = self._pause_mode
-        if mode in ("abort", "retract") or self._closed:
+        if mode in ("abort", "retract", "hold") or self._closed:
             return True
         if mode == "drain" or steps < self.chunk_tokens:
             return False
@@ -497,6 +500,9 @@ class HFEngine:
                     slot.n_interrupts += 1
                     self._waiting.push(slot)  # back in its old place
                 self._running = []
+            elif self._pause_mode == "hold":  # they stay running, to go on after resume
+                for slot in unfinished:
+                    slot.n_interrupts += 1
 
 
 def _eos_ids(

@@ -27,6 +27,31 @@ def finite_numbers(metrics: Mapping[str, object]) -> dict[str, float]:
     }
 
 
+def rollout_metrics(
+    engine_before: Mapping[str, float] | None, after: Mapping[str, object], wall_s: float
+) -> dict[str, float]:
+    """The rollout side over one step, from the worker's ``stats`` at its start and end: groups
+    in flight and, on the in-process engine (``engine`` counters), the share of the step its model
+    was busy, the prompt tokens it prefilled (re-prefills included) or took from its prefix
+    cache, and the rows a decode step had on average."""
+    out = {"rollout/groups_in_flight": float(after["running"])}  # type: ignore[arg-type]
+    engine = after.get("engine")
+    if not isinstance(engine, Mapping) or engine_before is None:
+        return out
+    d = {key: float(engine[key]) - float(engine_before[key]) for key in engine_before
+         if isinstance(engine_before[key], int | float)}  # fmt: skip
+    out.update({
+        "rollout/engine_busy_frac": (d["prefill_s"] + d["decode_s"]) / wall_s if wall_s else 0.0,
+        "rollout/prefill_tokens": d["prefill_tokens"],
+        "rollout/reprefilled_tokens": d["reprefilled_tokens"],
+        "rollout/prefix_cached_tokens": d["prefix_cached_tokens"],
+        "rollout/decode_rows_per_step": (
+            d["tokens_generated"] / d["decode_steps"] if d["decode_steps"] else 0.0
+        ),
+    })  # fmt: skip
+    return out
+
+
 class MemorySink:
     """Keeps every logged row (the summary and tests read it)."""
 

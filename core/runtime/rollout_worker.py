@@ -175,7 +175,12 @@ class RolloutWorker:
         return self._run(self._state())
 
     def stats(self) -> dict[str, Any]:
-        return {"version": self.executor.version, **self.executor.counters.as_dict()}
+        """The executor's counters, and the in-process engine's (``engine``) where it has them."""
+        out = {"version": self.executor.version, **self.executor.counters.as_dict()}
+        engine_stats = getattr(self.engine, "stats", None)
+        if hasattr(engine_stats, "as_dict"):
+            out["engine"] = engine_stats.as_dict()  # type: ignore[union-attr]
+        return out
 
     def evaluate(self, samples: list[dict]) -> dict[str, Any]:
         """Held-out accuracy on ``samples`` through the engine (current weights), as
@@ -205,9 +210,20 @@ class RolloutWorker:
         await self._swap(self.engine.update_weights(source, version), version)
 
     async def _swap(self, load: Coroutine[Any, Any, None], version: int) -> None:
-        """Pause submission → pause engine (in-flight requests abort) → ``load`` → resume."""
+        """Pause submission → pause engine → ``load`` → resume.
+
+        In-flight requests abort and their agents resubmit them (AReaL's interruptible
+        generation), except on our in-process engine with ``rollout.kv_after_update=keep``: they
+        stay in its batch and go on decoding on their KV cache under the new weights (PipelineRL),
+        instead of each prefilling its whole conversation again (at 512 episodes in flight that
+        re-prefill took most of the engine's time).
+        """
         self.executor.pause()
-        await self.engine.pause()
+        r = self.config.rollout
+        if r.engine == "hf" and r.kv_after_update == "keep":
+            await self.engine.pause("hold")  # type: ignore[call-arg]
+        else:
+            await self.engine.pause()
         await load
         self.executor.set_version(version)
         await self.engine.resume()

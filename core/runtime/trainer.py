@@ -34,7 +34,7 @@ from core.rollout.api import Group
 from core.runtime.advantages import with_advantages
 from core.runtime.checkpointing import CheckpointManager
 from core.runtime.fleet import ServerFleet, launch_fleet, launches_servers, with_servers
-from core.runtime.metrics import MetricSink
+from core.runtime.metrics import MetricSink, rollout_metrics
 from core.runtime.placement import LearnerGroup, start_learners, start_rollout
 from core.runtime.timeline import StepRecord, Timeline
 from core.runtime.weight_sync import BroadcastSync
@@ -234,6 +234,7 @@ class Trainer:
         if cfg.checkpoint.on_signal and self._rollout_state is None:
             # what a checkpoint at this version records: taken before the batch is drawn
             self._rollout_state = rollout.call("state_dict")
+        engine_before = rollout.call("stats").get("engine")
         t0 = time.perf_counter()
         groups: list[Group] = rollout.call("prepare_batch", cfg.rollout.stall_timeout_s)
         t_wait = time.perf_counter() - t0
@@ -291,6 +292,7 @@ class Trainer:
             "response/mean_tokens": n_tokens / n_episodes,  # per episode
             **{k: v for k, v in stats.items() if k.startswith(("actor/", "critic/"))},
         }
+        metrics.update(rollout_metrics(engine_before, rollout.call("stats"), wall))
         if ref is not None:  # the KL that the reward paid, per token, against the reference
             kl = kl_penalty(batch.behaviour_logprobs, ref, algo.kl_estimator)
             metrics["reward/kl_in_reward"] = float(masked_mean(kl, batch.loss_mask))

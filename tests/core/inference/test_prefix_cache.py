@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import torch
 
 from core.inference.api import GenerationRequest, SamplingParams, WeightSource
@@ -144,6 +145,45 @@ def test_kept_caches_outlive_new_weights(
     torch.testing.assert_close(torch.tensor(second.logprobs), mixed, atol=1e-4, rtol=0)
     recomputed = teacher_logprobs(new_model, follow, second.output_ids, 1.0)
     assert (torch.tensor(second.logprobs) - recomputed).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_held_requests_go_on_across_a_weight_update(
+    model_dir, new_model, new_state, prompts, keep: bool
+) -> None:
+    """``pause("hold")``: a running request is not aborted. After the new weights load it goes
+    on decoding: on its KV cache with ``keep_kv_on_update`` (nothing prefilled again; later
+    tokens read the old weights' keys and values), else re-prefilled, which gives exactly the
+    new weights' log-probs."""
+    sampling = SamplingParams(max_new_tokens=40, temperature=1.0, seed=5)
+
+    async def main(engine: HFEngine):
+        task = asyncio.ensure_future(engine.agenerate(GenerationRequest(prompts[0], sampling)))
+        await wait_for_tokens(engine, 5)
+        await engine.pause("hold")
+        assert not task.done()  # held, not aborted
+        await engine.update_weights(WeightSource(state_dict=new_state), 1)
+        await engine.resume()
+        return await task
+
+    engine = HFEngine(load_model(model_dir), None, prefix_cache_tokens=4096, keep_kv_on_update=keep)
+    with engine:
+        resp = run(main(engine))
+    assert resp.stop_reason == "length" and len(resp.output_ids) == 40
+    assert resp.n_resumes == 1
+    n_old = resp.versions.count(0)
+    assert 0 < n_old < 40 and resp.versions == [0] * n_old + [1] * (40 - n_old)
+    recomputed = teacher_logprobs(
+        new_model, prompts[0] + resp.output_ids[:n_old], resp.output_ids[n_old:], 1.0
+    )
+    after = torch.tensor(resp.logprobs[n_old:])
+    if keep:
+        assert engine.stats.reprefilled_tokens == 0
+        assert engine.stats.prefill_tokens == len(prompts[0])  # the prompt, once
+        assert (after - recomputed).abs().max() > 1e-3  # the old weights' keys and values
+    else:
+        assert engine.stats.reprefilled_tokens == len(prompts[0]) + n_old
+        torch.testing.assert_close(after, recomputed, atol=1e-4, rtol=0)
 
 
 def test_a_continuation_and_a_new_request_join_a_running_batch_together(

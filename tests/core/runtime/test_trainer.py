@@ -110,6 +110,14 @@ def test_rl_run_respects_staleness_and_publishes(tmp_path: Path, eta: int) -> No
     steps = [m for m in metrics if "learner/busy_fraction" in m]
     assert len(steps) == 4 and all(0 < m["learner/busy_fraction"] <= 1 for m in steps)
     assert all(m["staleness/max"] <= eta for m in steps)
+    # the rollout side per step: in flight, and what the in-process engine did (servers: no)
+    assert all(m["rollout/groups_in_flight"] >= 0 for m in steps)
+    if not ENGINES[eta]:
+        assert all(0 < m["rollout/engine_busy_frac"] <= 1 for m in steps)
+        assert all(m["rollout/prefill_tokens"] > 0 for m in steps)  # every step's prompts
+        assert summary["rollout"]["engine"]["tokens_generated"] > 0
+    else:
+        assert not any("rollout/engine_busy_frac" in m for m in steps)
     # the final model is a loadable HF folder and differs from the start
     from core.models import load_model
 
