@@ -302,12 +302,14 @@ class RolloutConfig:
     )
     kv_after_update: str = documented(
         "recompute",
-        "What the engine does with kept KV caches when new weights load: 'recompute' (AReaL: "
-        "drop them; a conversation's next call prefills it all again under the new weights) or "
-        "'keep' (PipelineRL's in-flight update: conversations continue on keys and values "
-        "computed by older weights, so later tokens are sampled from a mix of versions; their "
-        "recorded log-probs are the ones sampled with, so the behaviour weights stay exact). "
-        "Our engines only (rollout.engine=hf, or server_launcher=asyncrl).",
+        "What the engine does with KV caches when new weights load: 'recompute' (AReaL: "
+        "running requests abort and are resubmitted, kept caches are dropped; each prefills its "
+        "conversation again under the new weights) or 'keep' (PipelineRL's in-flight update: "
+        "conversations continue on keys and values computed by older weights, and on the "
+        "in-process engine running requests stay in the batch across the update, so later "
+        "tokens are sampled from a mix of versions; their recorded log-probs are the ones "
+        "sampled with, so the behaviour weights stay exact). Our engines only "
+        "(rollout.engine=hf, or server_launcher=asyncrl).",
     )
     max_new_tokens: int = documented(64, "Generation budget per completion.")
     temperature: float = documented(

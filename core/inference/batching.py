@@ -32,8 +32,8 @@ from transformers import DynamicCache, PreTrainedModel
 from core.inference.api import GenerationRequest, GenerationResponse, StopReason
 from core.inference.kv_batch import (
     LiveBatch,
+    adopt_layer,
     growing_cache,
-    hold,
     left_pad,
     roomy_buffer,
     splice_supported,
@@ -250,7 +250,7 @@ class BatchDecoder:
                 pad = cached - k.shape[-2]
                 keys[row, :, :pad], values[row, :, :pad] = 0, 0
                 keys[row, :, pad:cached], values[row, :, pad:cached] = k, v
-            hold(cache, layer, keys, values, cached)
+            adopt_layer(cache, layer, keys, values, cached)
         mask = torch.cat([old_mask, new_mask], dim=1)
         logits = self._forward(ids, mask, positions, cache)
         stats.prefill_tokens += sum(map(len, suffixes))

@@ -90,7 +90,7 @@ class GrowingLayer(DynamicLayer):
     keys = _Filled()  # type: ignore[assignment]
     values = _Filled()  # type: ignore[assignment]
 
-    def hold(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
         """Take ``keys``/``values`` buffers of which the first ``filled`` columns hold the
         cache: the columns after them are room for appends without a copy."""
         self.is_initialized, self.device = True, keys.device
@@ -130,7 +130,7 @@ def roomy_buffer(like: torch.Tensor, rows: int, width: int) -> torch.Tensor:
     return like.new_empty((rows, like.shape[1], width + room, like.shape[3]))
 
 
-def hold(
+def adopt_layer(
     cache: DynamicCache, index: int, keys: torch.Tensor, values: torch.Tensor, filled: int
 ) -> None:
     """Make ``keys``/``values`` (their first ``filled`` columns) layer ``index`` of an empty
@@ -138,7 +138,7 @@ def hold(
     transformers add layers lazily)."""
     layers = _layers(cache)
     if index < len(layers) and isinstance(layers[index], GrowingLayer):
-        layers[index].hold(keys, values, filled)
+        layers[index].adopt(keys, values, filled)
     else:
         cache.update(keys[:, :, :filled], values[:, :, :filled], index)
 
@@ -146,7 +146,7 @@ def hold(
 def _store(layer: Any, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
     """Give ``layer`` new buffers whose first ``filled`` columns are its cache."""
     if isinstance(layer, GrowingLayer):
-        layer.hold(keys, values, filled)
+        layer.adopt(keys, values, filled)
     else:
         layer.keys, layer.values = keys[:, :, :filled], values[:, :, :filled]
 
