@@ -8,7 +8,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +46,11 @@ def parse_seed_grid(
     p: argparse.ArgumentParser,
     argv: list[str] | None,
     more: Callable[[argparse.Namespace], None] = lambda args: None,
+    sync_elsewhere: Callable[[argparse.Namespace], bool] = lambda args: False,
 ) -> argparse.Namespace:
     """Parse, turn the comma lists into ints, then ``more(args)`` (its ``ValueError`` becomes a
-    usage error, as a bad list does); η = 0 must be among the settings."""
+    usage error, as a bad list does); η = 0 must be among the settings unless
+    ``sync_elsewhere(args)`` says the baseline comes from somewhere else."""
     args = p.parse_args(argv)
     try:
         args.etas = [int(e) for e in args.etas.split(",")]
@@ -57,20 +59,24 @@ def parse_seed_grid(
         more(args)
     except ValueError as e:
         p.error(str(e))
-    if 0 not in args.etas:
+    if 0 not in args.etas and not sync_elsewhere(args):
         p.error("--etas must include 0: the synchronous baseline")
     return args
 
 
-def bench_source(config: str, head: list[str], args: argparse.Namespace) -> ConfigSource:
+def bench_source(
+    config: str, head: list[str], args: argparse.Namespace, more: Sequence[str] = ()
+) -> ConfigSource:
     """``config`` with the benchmark's own settings (``head``), then the user's overrides (which
-    win over them), then the run folder and MLflow experiment ``benchmarks``; parsed (every key
-    checked) once, so every run of the benchmark resolves from it."""
+    win over them) and ``more`` of them, then the run folder and MLflow experiment
+    ``benchmarks``; parsed (every key checked) once, so every run of the benchmark resolves
+    from it."""
     return parse_config(
         config,
         [
             *head,
             *args.overrides,
+            *more,
             f"cluster.fileroot={args.fileroot}",
             "tracking.mlflow_experiment=benchmarks",
         ],

@@ -22,6 +22,13 @@ trained samples/s and its ratio to the best sync setting at the same latency, he
 after the same number of RL steps, RL seconds to reach ``--target`` accuracy (eval pauses excluded; over the seeds that
 reached it), learner busy fraction, mean and max staleness.
 
+``--async-set KEY=VALUE`` (repeatable) overrides the config of the η > 0 runs only: settings
+that matter only while generation overlaps training, such as ``rollout.kv_after_update=keep``
+(running requests go on across a weight update) or ``rollout.max_batch_rows`` (the oldest
+groups' calls first). ``--baseline RESULTS`` takes the η = 0 runs of an earlier invocation's
+``results.json`` (same warm start, task overrides, latencies and seeds) instead of running them
+again, so async settings can be added to a measured baseline; ``--etas`` may then leave out 0.
+
 Writes ``results.json`` and ``agent_latency.png`` under ``--out`` and logs them, with one nested
 MLflow run per (setting, latency, seed), to the task config's tracking store
 (``{fileroot}/mlflow.db``, experiment ``benchmarks``).
@@ -30,6 +37,7 @@ MLflow run per (setting, latency, seed), to the task config's tracking store
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -184,20 +192,71 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tool latency settings: none, MEDIAN or MEDIAN/P99 in seconds, comma-separated",
     )
     p.add_argument("--target", type=float, default=0.2, help="the time-to-accuracy target")
+    p.add_argument(
+        "--async-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for the η > 0 runs only (repeatable)",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        metavar="RESULTS_JSON",
+        help="reuse the η = 0 runs of an earlier results.json instead of running them",
+    )
 
     def latencies(args: argparse.Namespace) -> None:
         args.latencies = [Latency.parse(t) for t in args.latencies.split(",")]
 
-    return parse_seed_grid(p, argv, latencies)
+    return parse_seed_grid(p, argv, latencies, sync_elsewhere=lambda args: bool(args.baseline))
+
+
+def baseline_runs(path: str, args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
+    """The warm start and η = 0 rows of an earlier ``results.json``, for this invocation's
+    latencies and seeds; refused (naming the file and what differs) unless it ran the same task
+    from the same warm start (``--model``, if given) with the same overrides, and has every
+    latency × seed asked for."""
+    file = Path(path)
+    try:
+        earlier = json.loads(file.read_text())
+        runs = earlier["runs"]
+    except (OSError, ValueError, KeyError) as err:
+        raise SystemExit(f"--baseline {file}: not an agent_latency results.json ({err})") from None
+    model = str(earlier.get("model"))
+    same_model = not args.model or Path(args.model).resolve() == Path(model).resolve()
+    for field, mine in (
+        ("config", CONFIG),
+        ("model", model if same_model else args.model),
+        ("overrides", list(args.overrides)),
+    ):
+        if earlier.get(field) != mine:
+            raise SystemExit(
+                f"--baseline {file}: its {field} {earlier.get(field)!r} is not this run's {mine!r}"
+            )
+    rows = [r for r in runs if r["eta"] == 0]
+    missing = [
+        f"{lat.label} seed {seed}"
+        for lat in args.latencies
+        for seed in args.seeds
+        if not any(r["latency"] == lat.label and r["seed"] == seed for r in rows)
+    ]
+    if missing:
+        raise SystemExit(f"--baseline {file}: no η = 0 run for {', '.join(missing)}")
+    wanted = {lat.label for lat in args.latencies}
+    return model, [r for r in rows if r["latency"] in wanted and r["seed"] in args.seeds]
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     source = bench_source(CONFIG, [], args)
-    # Every setting's config validates before any work starts.
+    async_source = bench_source(CONFIG, [], args, more=args.async_set)
+    # Every setting's config, and the baseline, validate before any work starts.
     for latency in args.latencies:
         cfg = source.resolve(latency.overrides(), label=f"latency {latency.label}")
+        async_source.resolve(latency.overrides(), label=f"latency {latency.label} (--async-set)")
+    baseline_model, reused = baseline_runs(args.baseline, args) if args.baseline else (None, [])
     if cfg.learner.total_steps < 1:
         raise SystemExit("learner.total_steps must be >= 1: the benchmark measures RL steps")
     task = TaskSpec(CONFIG, cfg.learner.total_steps, cfg.eval.every_n_steps, args.target)
@@ -205,17 +264,19 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with start_run(cfg, run_name=f"agent-latency-{stamp}", tags={"kind": "benchmark"}) as parent:
-        model_dir = args.model or warm_start(
-            source.resolve({"experiment.trial": "bench-data"}), "search"
+        model_dir = (
+            args.model
+            or baseline_model
+            or warm_start(source.resolve({"experiment.trial": "bench-data"}), "search")
         )
-        rows = []
+        rows = list(reused)
         for latency in args.latencies:
-            for eta in args.etas:
+            for eta in [e for e in args.etas if not (e == 0 and reused)]:
                 for threads in args.sync_threads if eta == 0 else [1]:
                     for seed in args.seeds:
                         row = run_setting(
                             task,
-                            source,
+                            async_source if eta else source,
                             model_dir,
                             eta,
                             threads,
@@ -229,6 +290,8 @@ def main(argv: list[str] | None = None) -> None:
                             label=f"lat{latency.label.replace('/', '-')}-seed{seed}",
                         )
                         row |= {"latency": latency.label, "seed": seed}
+                        if eta:
+                            row["async_set"] = list(args.async_set)
                         rows.append(row)
                         print(
                             f"[latency {latency.label}] {row['trial']}: "
@@ -241,6 +304,9 @@ def main(argv: list[str] | None = None) -> None:
         payload = {
             "config": CONFIG,
             "model": model_dir,
+            "overrides": list(args.overrides),
+            "async_set": list(args.async_set),
+            "baseline": args.baseline and str(Path(args.baseline).resolve()),
             "target_accuracy": args.target,
             "summary": entries,
             "runs": rows,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import mlflow
@@ -300,6 +301,28 @@ def test_agent_latency_settings_and_seed_statistics(capsys, tmp_path: Path) -> N
     with pytest.raises(SystemExit):
         agl.parse_args(["--latencies", "slow"])
     assert "'slow' is not none" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        agl.parse_args(["--etas", "4"])
+    assert "--etas must include 0" in capsys.readouterr().err
+    earlier = tmp_path / "earlier.json"
+    run = {"eta": 0, "latency": "2/20", "seed": 1}
+    earlier.write_text(
+        json.dumps({"config": agl.CONFIG, "model": "m", "overrides": ["a=1"], "runs": [run]})
+    )
+    for argv, message in [
+        (["a=2"], "its overrides ['a=1'] is not this run's ['a=2']"),
+        (["--model", "other", "a=1"], "its model 'm' is not this run's 'other'"),
+        (["--seeds", "1,2", "a=1"], "no η = 0 run for 2/20 seed 2"),
+    ]:
+        args = agl.parse_args(
+            ["--etas", "4", "--latencies", "2/20", "--baseline", str(earlier), *argv]
+        )
+        with pytest.raises(SystemExit, match=re.escape(message)):
+            agl.baseline_runs(args.baseline, args)
+    args = agl.parse_args(
+        ["--etas", "4", "--latencies", "2/20", "--seeds", "1", "--baseline", str(earlier), "a=1"]
+    )
+    assert agl.baseline_runs(args.baseline, args) == ("m", [run])
 
     rows = [
         _agent_row(lat, eta, threads, seed, samples)
@@ -332,14 +355,17 @@ def test_agent_latency_runs_end_to_end(tmp_path: Path) -> None:
     corpus = [f"search open Answer: {w}" for w in ("Kasen", "Mira", "1942", "founder")]
     model = create_pretrained("tiny", corpus, tmp_path / "model", vocab_size=300, seed=1, chat=True)
     out = tmp_path / "out"
+    overrides = [
+        "data.n_train=16", "data.n_test=4", "eval.n_problems=4", "eval.max_new_tokens=8",
+        "data.search_synthetic.corpus_size=40", "learner.total_steps=1", "eval.every_n_steps=0",
+        "rollout.batch_size=2", "algorithm.group_size=2", "rollout.max_new_tokens=8",
+        "rollout.max_turns=2",
+    ]  # fmt: skip
     agl.main(
         [
             "--etas", "0,1", "--sync-threads", "1", "--seeds", "2", "--latencies", "0.05/0.2",
             "--model", str(model), "--fileroot", str(tmp_path / "runs"), "--out", str(out),
-            "data.n_train=16", "data.n_test=4", "eval.n_problems=4", "eval.max_new_tokens=8",
-            "data.search_synthetic.corpus_size=40", "learner.total_steps=1",
-            "eval.every_n_steps=0", "rollout.batch_size=2", "algorithm.group_size=2",
-            "rollout.max_new_tokens=8", "rollout.max_turns=2",
+            *overrides,
         ]
     )  # fmt: skip
     results = json.loads((out / "results.json").read_text())
@@ -358,6 +384,26 @@ def test_agent_latency_runs_end_to_end(tmp_path: Path) -> None:
         filter_string=f"tags.mlflow.parentRunId = '{results['mlflow_run_id']}'",
     )
     assert len(children) == 2
+
+    # η = 1 again with an async-only setting, on the first invocation's sync run
+    again = tmp_path / "again"
+    agl.main(
+        [
+            "--etas", "1", "--seeds", "2", "--latencies", "0.05/0.2",
+            "--baseline", str(out / "results.json"), "--async-set", "rollout.max_batch_rows=1",
+            "--fileroot", str(tmp_path / "runs2"), "--out", str(again), *overrides,
+        ]
+    )  # fmt: skip
+    second = json.loads((again / "results.json").read_text())
+    assert second["model"] == str(model) and second["async_set"] == ["rollout.max_batch_rows=1"]
+    reused, rerun = second["runs"]
+    assert reused == results["runs"][0]  # the sync run, not run again
+    assert rerun["trial"] == "eta1-t1-lat0.05-0.2-seed2" and rerun["steps"] == 1
+    saved = (tmp_path / "runs2").rglob(f"{rerun['trial']}/config.yaml")
+    assert "max_batch_rows: 1" in next(saved).read_text()
+    assert second["summary"][1]["speedup_vs_best_sync"] == pytest.approx(
+        rerun["samples_per_s"] / reused["samples_per_s"]
+    )
 
 
 def test_eta_accuracy_variants_are_typed_and_checked(capsys) -> None:
