@@ -108,6 +108,7 @@ class AgentChatClient:
         self.n_calls = 0
         self.restarts = 0
         self.completion_tokens = 0
+        self.n_resumes = 0  # weight updates that interrupted the episode's calls
 
     async def create(
         self,
@@ -140,6 +141,7 @@ class AgentChatClient:
         response = await generate_resuming(self.engine, request)
         self.n_calls += 1
         self.completion_tokens += len(response.output_ids)
+        self.n_resumes += response.n_resumes
         self._tokens.generated(response.output_ids, response.logprobs, response.versions)
         call = _Tokens()
         call.context(prompt_ids)
@@ -207,7 +209,10 @@ class AgentChatClient:
             raise ValueError("the agent made no chat completion call: nothing to train on")
         parts = self._calls if per_turn else [*self._finished, self._tokens]
         parts = [t for t in parts if 1 in t.mask] or parts[-1:]
-        info = {"turns": self.n_calls, "restarts": self.restarts, **metadata}
+        info = {
+            "turns": self.n_calls, "restarts": self.restarts, "n_resumes": self.n_resumes,
+            **metadata,
+        }  # fmt: skip
         return [
             Trajectory(input_ids=list(t.ids), loss_mask=list(t.mask), logprobs=list(t.logprobs),
                        versions=list(t.versions), reward=float(reward), prompt_len=t.prompt_len,

@@ -73,7 +73,9 @@ class GenerationResponse:
     logprobs: list[float]
     versions: list[int]
     stop_reason: StopReason
-    n_resumes: int = 0  # how many times the request was interrupted and resubmitted
+    # how many times a pause for a weight update interrupted the request: resubmitted after an
+    # abort (``generate_resuming``), or retracted or held inside the engine
+    n_resumes: int = 0
 
     def __post_init__(self) -> None:
         assert len(self.output_ids) == len(self.logprobs) == len(self.versions), "ragged response"
@@ -124,7 +126,9 @@ async def generate_resuming(
 
     On ``abort`` the partial output is kept with its own versions, and prompt + partial output is
     resubmitted with the remaining budget to the *same* engine once it resumes; its KV cache for
-    the prefix is stale and gets recomputed (prefilled) under the new weights.
+    the prefix is stale and gets recomputed (prefilled) under the new weights. ``n_resumes``
+    counts those resubmissions plus the interruptions the engine handled itself (a request
+    retracted or held across an update, reported in each part's own ``n_resumes``).
     """
     output: list[int] = []
     logprobs: list[float] = []
@@ -145,6 +149,7 @@ async def generate_resuming(
         output += part.output_ids
         logprobs += part.logprobs
         versions += part.versions
+        n_resumes += part.n_resumes
         if part.stop_reason != "abort":
             return GenerationResponse(output, logprobs, versions, part.stop_reason, n_resumes)
         if len(output) >= budget:

@@ -11,11 +11,11 @@ import torch
 from openai.types.chat import ChatCompletion
 
 from core.agents.openai_client import AgentChatClient
-from core.inference.api import SamplingParams
+from core.inference.api import SamplingParams, WeightSource
 from core.inference.hf_engine import HFEngine
 from core.inference.sglang_client import SGLangClient
 from core.models import load_model
-from tests.core.inference.helpers import ServerThread
+from tests.core.inference.helpers import ServerThread, wait_for_tokens
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +64,7 @@ def test_a_conversation_is_one_trajectory_of_the_tokens_seen(
         assert all(mask[start : start + len(tokens)])
     assert sum(mask) == sum(r.usage.completion_tokens for r in replies)
     assert trajectory.prompt_len == replies[0].usage.prompt_tokens
-    assert trajectory.metadata == {"turns": 3, "restarts": 0}
+    assert trajectory.metadata == {"turns": 3, "restarts": 0, "n_resumes": 0}
     # The context between replies is the template's rendering of the new messages.
     between = tokenizer.decode(ids[replies[0].usage.prompt_tokens + replies[0].usage.completion_tokens :
                                    replies[1].usage.prompt_tokens])  # fmt: skip
@@ -116,7 +116,40 @@ def test_per_turn_trajectories_are_each_call_alone(tool_chat_model, tool_chat_to
         # this call's context is the conversation up to it, as the model saw it
         assert row.input_ids == conversation.input_ids[: start + len(tokens)]
         assert row.logprobs[start:] == conversation.logprobs[start : start + len(tokens)]
-        assert row.reward == 0.5 and row.metadata == {"turns": 3, "restarts": 0, "note": "x"}
+        assert row.reward == 0.5 and row.metadata == {
+            "turns": 3, "restarts": 0, "n_resumes": 0, "note": "x"
+        }  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["abort", "retract", "hold"])
+def test_a_call_interrupted_by_a_weight_update_is_counted(
+    tool_chat_model, tool_chat_tokenizer, mode: str
+) -> None:
+    """A weight update in the middle of a call, however the engine pauses for it (the call
+    resubmitted after an abort, retracted and re-prefilled, or held in the batch): the episode
+    records one interruption (the trainer's ``staleness/interrupted_frac``), and its tokens
+    carry the version they were sampled with."""
+    state = load_model(tool_chat_model).state_dict()
+    # seed 0 runs this call to its 64-token limit (no end of turn), so the pause lands mid-call
+    sampling = SamplingParams(max_new_tokens=64, temperature=1.0)
+    with HFEngine(load_model(tool_chat_model), tool_chat_tokenizer, seed=0) as engine:
+        client = AgentChatClient(engine, tool_chat_tokenizer, sampling, seed=0)
+
+        async def main():
+            messages = [{"role": "user", "content": "Q: what is 3+4?"}]
+            call = asyncio.ensure_future(client.chat.completions.create(messages=messages))
+            await wait_for_tokens(engine, 3)
+            await engine.pause(mode)
+            await engine.update_weights(WeightSource(state_dict=state), 1)
+            await engine.resume()
+            return await call
+
+        reply = asyncio.run(main())
+    (trajectory,) = client.trajectories(1.0)
+    assert reply.usage.completion_tokens == 64 and trajectory.metadata["n_resumes"] == 1
+    versions = [v for v, m in zip(trajectory.versions, trajectory.loss_mask, strict=True) if m]
+    n_old = versions.count(0)
+    assert 0 < n_old < 64 and versions == [0] * n_old + [1] * (64 - n_old)
 
 
 def test_no_call_no_trajectory(tool_chat_tokenizer) -> None:

@@ -341,7 +341,7 @@ def test_seeded_request_survives_abort_and_retract_pauses(
 
     got = run(main())
     assert_same_samples(got, alone)
-    assert [r.n_resumes for r in got] == [1, 1]  # abort resubmits; retract is internal
+    assert [r.n_resumes for r in got] == [2, 2]  # resubmitted after the abort, retracted once
     assert engine.stats.aborted == 2
 
 
