@@ -395,12 +395,18 @@ def test_agent_latency_runs_end_to_end(tmp_path: Path) -> None:
         ]
     )  # fmt: skip
     second = json.loads((again / "results.json").read_text())
-    assert second["model"] == str(model) and second["async_set"] == ["rollout.max_batch_rows=1"]
+    assert results["async_set"] == list(agl.ASYNC_SETTINGS)
+    assert second["model"] == str(model)
+    assert second["async_set"] == [*agl.ASYNC_SETTINGS, "rollout.max_batch_rows=1"]
     reused, rerun = second["runs"]
     assert reused == results["runs"][0]  # the sync run, not run again
     assert rerun["trial"] == "eta1-t1-lat0.05-0.2-seed2" and rerun["steps"] == 1
     saved = (tmp_path / "runs2").rglob(f"{rerun['trial']}/config.yaml")
-    assert "max_batch_rows: 1" in next(saved).read_text()
+    assert (
+        "max_batch_rows: 1" in (text := next(saved).read_text()) and "kv_after_update: keep" in text
+    )
+    sync_cfg = next((tmp_path / "runs").rglob(f"{reused['trial']}/config.yaml")).read_text()
+    assert "kv_after_update: recompute" in sync_cfg and "max_batch_rows: 0" in sync_cfg
     assert second["summary"][1]["speedup_vs_best_sync"] == pytest.approx(
         rerun["samples_per_s"] / reused["samples_per_s"]
     )
