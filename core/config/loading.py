@@ -283,18 +283,20 @@ def validate(config: Config) -> None:
             f"rollout.workflow={config.rollout.workflow!r}"
         )
     r = config.rollout
+    fleet_launched = r.engine == "sglang" and not r.server_addresses
     if r.kv_after_update == "keep" and not (
-        r.engine == "hf"
-        or (r.engine == "sglang" and not r.server_addresses and r.server_launcher == "asyncrl")
+        r.engine == "hf" or (fleet_launched and r.server_launcher == "asyncrl")
     ):
         raise ConfigError(
             "rollout.kv_after_update=keep needs our engine (rollout.engine=hf, or sglang with "
             "rollout.server_launcher=asyncrl and no server_addresses)"
         )
-    if r.max_batch_rows and r.engine != "hf":
+    if r.max_batch_rows and not (r.engine == "hf" or fleet_launched):
         raise ConfigError(
-            "rollout.max_batch_rows needs the in-process engine (rollout.engine=hf): request "
-            f"priorities do not travel over HTTP yet, and rollout.engine={r.engine!r}"
+            "rollout.max_batch_rows needs an engine the run starts: rollout.engine=hf, or "
+            "sglang without server_addresses (servers launched with priority scheduling); got "
+            f"rollout.engine={r.engine!r}"
+            + (" with server_addresses" if r.server_addresses else "")
         )
     if config.rollout.engine == "vllm" and not config.rollout.server_addresses:
         # The run launches SGLang-protocol servers (ours or SGLang), not vLLM.

@@ -288,11 +288,12 @@ class RolloutConfig:
     max_concurrent: int = documented(64, "Most episodes in flight at once.")
     max_batch_rows: int = documented(
         0,
-        "Most requests the in-process engine (rollout.engine=hf) decodes together; 0 = "
-        "max_concurrent. Below the number of calls waiting, the oldest groups' "
-        "calls go first, so groups finish in about the order they started instead of all "
-        "advancing together (with many episodes in flight, every group then reaches the "
-        "staleness bound at once).",
+        "Most requests an engine decodes together: the in-process one (rollout.engine=hf), or "
+        "each server the run launches (sglang without server_addresses: SGLang's "
+        "--max-running-requests with priority scheduling, lowest first); 0 = max_concurrent. "
+        "Below the number of calls waiting, the oldest groups' calls go first, so groups "
+        "finish in about the order they started instead of all advancing together (with many "
+        "episodes in flight, every group then reaches the staleness bound at once).",
     )
     prefix_cache_tokens: int = documented(
         131_072,

@@ -12,6 +12,9 @@ CPU box and to a real SGLang server on a GPU node. Endpoints and field shapes fo
   ``{"type": "abort", "message": ...}``. Our extension: ``meta_info["output_token_versions"]``.
   ``input_ids`` may be a list of prompts (batch); the answer is then a list.
   ``sampling_params["sampling_seed"]`` (an integer) is the request's ``SamplingParams.seed``.
+  ``priority`` (an integer, or one per prompt) orders the waiting requests as SGLang does: only
+  with ``--enable-priority-scheduling``, higher values first unless
+  ``--schedule-low-priority-values-first`` (the rollout's own order: oldest group first).
 - ``POST /pause_generation`` ``{"mode": "abort"|"retract"|"in_place"}``,
   ``POST /continue_generation``.
 - ``POST /update_weights_from_disk`` ``{"model_path", "abort_all_requests", "weight_version"}``
@@ -169,12 +172,18 @@ def to_sglang(
 
 
 async def _generate_one(
-    engine: HFEngine, ids: list[int], sampling: SamplingParams, rid: str | None, logprobs: bool
+    engine: HFEngine,
+    ids: list[int],
+    sampling: SamplingParams,
+    rid: str | None,
+    logprobs: bool,
+    priority: int = 0,
 ) -> dict[str, Any]:
     rid = rid or uuid.uuid4().hex
     start = time.perf_counter()
     try:
-        resp = await engine.agenerate(GenerationRequest(list(ids), sampling, rid))
+        request = GenerationRequest(list(ids), sampling, rid, priority=priority)
+        resp = await engine.agenerate(request)
     except GenerationError:
         raise
     except ValueError as exc:  # the engine's own checks (the server's should have caught it)
@@ -188,10 +197,14 @@ async def generate(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     limits = request.app[SETTINGS_KEY].limits
     batch = await _parse(request, lambda body: parse_generate(body, limits))
+    sign = request.app[SETTINGS_KEY].priority_sign  # the engine serves the smallest first
+    priorities = [sign * p for p in batch.priorities or [0] * len(batch.prompts)]
     results = await asyncio.gather(
         *(
-            _generate_one(engine, ids, s, rid, batch.return_logprob)
-            for ids, s, rid in zip(batch.prompts, batch.samplings, batch.rids, strict=True)
+            _generate_one(engine, ids, s, rid, batch.return_logprob, priority)
+            for ids, s, rid, priority in zip(
+                batch.prompts, batch.samplings, batch.rids, priorities, strict=True
+            )
         ),
         return_exceptions=True,
     )
@@ -374,13 +387,15 @@ async def start_server(
     api_key: str | None = None,
     weights_root: Iterable[str | Path] = (),
     max_new_tokens_cap: int | None = None,
+    priorities: str = "off",
     **engine_kwargs: Any,
 ) -> ServerHandle:
     """Serve ``engine`` (or a new one from ``model_dir``) on the running loop; ``port=0`` = free port.
 
     ``api_key``: required on every endpoint but health (and to bind a non-loopback ``host``);
     ``weights_root``: folders weight updates may load from, besides ``model_dir``'s parent;
-    ``max_new_tokens_cap``: the most tokens one request may ask for (besides the context's limit).
+    ``max_new_tokens_cap``: the most tokens one request may ask for (besides the context's limit);
+    ``priorities``: what a request's ``priority`` does: ``off``, ``low-first``, ``high-first``.
     """
     check_exposure(host, clean_api_key(api_key))
     owns_engine = engine is None
@@ -390,7 +405,7 @@ async def start_server(
         engine = await asyncio.to_thread(HFEngine.from_pretrained, model_dir, **engine_kwargs)
     settings = make_settings(
         engine, model_dir, api_key=api_key, weights_root=weights_root,
-        max_new_tokens_cap=max_new_tokens_cap,
+        max_new_tokens_cap=max_new_tokens_cap, priorities=priorities,
     )  # fmt: skip
     runner = web.AppRunner(create_app(engine, str(model_dir or ""), settings), access_log=None)
     await runner.setup()
@@ -409,6 +424,7 @@ def serve(
     api_key: str | None = None,
     weights_root: Iterable[str | Path] = (),
     max_new_tokens_cap: int | None = None,
+    priorities: str = "off",
     **engine_kwargs: Any,
 ) -> None:
     """Serve until interrupted (SIGINT/SIGTERM); blocking. Arguments as :func:`start_server`'s."""
@@ -416,7 +432,7 @@ def serve(
     engine = HFEngine.from_pretrained(model_dir, **engine_kwargs)
     settings = make_settings(
         engine, model_dir, api_key=api_key, weights_root=weights_root,
-        max_new_tokens_cap=max_new_tokens_cap,
+        max_new_tokens_cap=max_new_tokens_cap, priorities=priorities,
     )  # fmt: skip
     app = create_app(engine, str(model_dir), settings)
 
@@ -489,6 +505,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="most tokens one request may generate (default: the context left after the prompt)",
     )
+    p.add_argument(
+        "--enable-priority-scheduling",
+        action="store_true",
+        help="SGLang flag: serve waiting requests by their 'priority' (else first come, first "
+        "served), higher values first unless --schedule-low-priority-values-first",
+    )
+    p.add_argument("--schedule-low-priority-values-first", action="store_true")
     p.add_argument("--tp-size", type=int, default=1, help="SGLang flag; must be 1 here")
     p.add_argument("--mem-fraction-static", type=float, default=None, help="SGLang flag; ignored")
     p.add_argument(
@@ -521,7 +544,15 @@ def main(argv: list[str] | None = None) -> None:
         torch_threads=args.torch_threads, version=args.weight_version,
         prefix_cache_tokens=args.prefix_cache_tokens,
         keep_kv_on_update=args.kv_after_update == "keep",
+        priorities=priority_mode(args),
     )  # fmt: skip
+
+
+def priority_mode(args: argparse.Namespace) -> str:
+    """SGLang's two priority flags as :func:`start_server`'s ``priorities``."""
+    if not args.enable_priority_scheduling:
+        return "off"
+    return "low-first" if args.schedule_low_priority_values_first else "high-first"
 
 
 if __name__ == "__main__":

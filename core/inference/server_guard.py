@@ -18,6 +18,7 @@ from core.inference.weights import local_path
 from core.storage import is_local
 
 OPEN_PATHS = frozenset({"/health", "/health_generate"})  # no key needed: liveness probes
+PRIORITY_SIGNS = {"off": 0, "low-first": 1, "high-first": -1}
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class ServerSettings:
     weights_urls: tuple[
         str, ...
     ] = ()  # remote roots (s3://bucket/run/weights): fetched, then loaded
+    # what a request's "priority" does (SGLang's flags): 0 = nothing (first come, first served),
+    # 1 = lower values first (--schedule-low-priority-values-first), -1 = higher values first
+    priority_sign: int = 0
 
 
 SETTINGS_KEY = web.AppKey("settings", ServerSettings)
@@ -81,8 +85,11 @@ def make_settings(
     api_key: str | None = None,
     weights_root: Iterable[str | Path] = (),
     max_new_tokens_cap: int | None = None,
+    priorities: str = "off",
 ) -> ServerSettings:
     """The settings for serving ``engine`` loaded from ``model_dir`` (see :func:`start_server`)."""
+    if priorities not in PRIORITY_SIGNS:
+        raise ValueError(f"priorities={priorities!r}: one of {sorted(PRIORITY_SIGNS)}")
     if max_new_tokens_cap is not None and max_new_tokens_cap < 1:
         raise ValueError(f"max_new_tokens_cap={max_new_tokens_cap} must be >= 1")
     limits = RequestLimits(
@@ -94,8 +101,9 @@ def make_settings(
     weights_root = list(weights_root)
     urls = tuple(str(r).rstrip("/") for r in weights_root if not is_local(str(r)))
     return ServerSettings(
-        clean_api_key(api_key), weights_roots(model_dir, weights_root), limits, urls
-    )
+        clean_api_key(api_key), weights_roots(model_dir, weights_root), limits, urls,
+        PRIORITY_SIGNS[priorities],
+    )  # fmt: skip
 
 
 @web.middleware

@@ -81,12 +81,21 @@ class SGLangClient(HTTPEngineClient):
     """:class:`~core.inference.api.InferenceEngine` over one or more SGLang-API servers."""
 
     def __init__(
-        self, addresses: list[str], *, abort_on_update: bool = True, **kwargs: Any
+        self,
+        addresses: list[str],
+        *,
+        abort_on_update: bool = True,
+        send_priority: bool = False,
+        **kwargs: Any,
     ) -> None:
-        """``kwargs``: :class:`HTTPEngineClient`'s (timeout_s, max_retries, retry_backoff_s,
-        version, api_key)."""
+        """``send_priority``: send each request's ``priority`` (servers started with
+        ``--enable-priority-scheduling --schedule-low-priority-values-first`` serve the smallest
+        first; SGLang versions before the field refuse it). ``kwargs``:
+        :class:`HTTPEngineClient`'s (timeout_s, max_retries, retry_backoff_s, version,
+        api_key)."""
         super().__init__(addresses, **kwargs)
         self.abort_on_update = abort_on_update
+        self.send_priority = send_priority
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
         await self.wait_until_resumed()
@@ -96,6 +105,8 @@ class SGLangClient(HTTPEngineClient):
             "return_logprob": True,
             "rid": request.rid,
         }
+        if self.send_priority:
+            payload["priority"] = request.priority
         data = await self.on_server(
             request.rid,
             lambda url: self.request("POST", url + "/generate", payload),

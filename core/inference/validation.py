@@ -65,7 +65,9 @@ SAMPLING_FIELDS = frozenset(
         "no_stop_trim",
     }
 )
-GENERATE_FIELDS = frozenset({"input_ids", "sampling_params", "return_logprob", "rid", "stream"})
+GENERATE_FIELDS = frozenset(
+    {"input_ids", "sampling_params", "return_logprob", "rid", "stream", "priority"}
+)
 PAUSE_FIELDS = frozenset({"mode"})
 PAUSE_MODES = {"abort": "abort", "retract": "retract", "in_place": "retract"}
 # Our engine re-prefills a retracted request, which is what SGLang's "in_place" amounts to.
@@ -127,6 +129,7 @@ class GenerateBatch:
     rids: list[str | None]
     return_logprob: bool
     batched: bool  # input_ids was a list of prompts: answer with a list
+    priorities: list[int] | None = None  # SGLang's "priority" per prompt; None = not given
 
 
 @dataclass
@@ -376,7 +379,18 @@ def parse_generate(body: Any, limits: RequestLimits) -> GenerateBatch:
         rids=_rids(body.get("rid"), n, batched, limits),
         return_logprob=_optional_bool(body.get("return_logprob"), "return_logprob", False),
         batched=batched,
+        priorities=_priorities(body.get("priority"), n, batched),
     )
+
+
+def _priorities(value: Any, n: int, batched: bool) -> list[int] | None:
+    if value is None:
+        return None
+    priorities = _per_prompt(value, n, batched, "priority")
+    for p in priorities:
+        if isinstance(p, bool) or not isinstance(p, int) or abs(p) >= 2**63:
+            raise RequestError("priority", f"must be a 64-bit integer, got {_kind(p)}")
+    return priorities
 
 
 # ---------------------------------------------------------------------- admin endpoints

@@ -52,7 +52,9 @@ def build_engine(config: Config, model_dir: str, version: int = 0) -> InferenceE
     if r.engine == "sglang":
         from core.inference.sglang_client import SGLangClient
 
-        return SGLangClient(list(r.server_addresses), version=version)
+        # servers the run launched with priority scheduling take each call's group order
+        send = bool(r.max_batch_rows)
+        return SGLangClient(list(r.server_addresses), version=version, send_priority=send)
     from core.inference.vllm_client import VLLMClient
 
     return VLLMClient(list(r.server_addresses), model_name=config.model.path, version=version)

@@ -148,8 +148,15 @@ def test_value_checks_name_the_field() -> None:
         assert load_config(QUICKSTART, keep).rollout.kv_after_update == "keep"
     sglang = ["rollout.engine=sglang", "rollout.server_addresses=[10.0.0.5:30000]"]
     assert load_config(GSM8K, sglang).rollout.server_addresses == ["10.0.0.5:30000"]
-    with pytest.raises(ConfigError, match="rollout.max_batch_rows needs the in-process engine"):
-        load_config(QUICKSTART, ["rollout.max_batch_rows=8", "rollout.engine=sglang"])
+    for engine in ("hf", "sglang"):  # the in-process engine, or servers the run launches
+        rows = ["rollout.max_batch_rows=8", f"rollout.engine={engine}"]
+        assert load_config(QUICKSTART, rows).rollout.max_batch_rows == 8
+    running = "rollout.max_batch_rows needs an engine the run starts"
+    with pytest.raises(ConfigError, match=f"{running}.*'sglang' with server_addresses"):
+        load_config(QUICKSTART, ["rollout.max_batch_rows=8", *sglang])
+    with pytest.raises(ConfigError, match=f"{running}.*'vllm'"):
+        load_config(GSM8K, ["rollout.max_batch_rows=8", "rollout.engine=vllm",
+                            "rollout.server_addresses=[10.0.0.5:8000]"])  # fmt: skip
     with pytest.raises(ConfigError, match="rollout.max_batch_rows must be >= 0"):
         load_config(QUICKSTART, ["rollout.max_batch_rows=-1"])
 

@@ -75,3 +75,79 @@ def test_a_full_engine_serves_waiting_requests_by_priority(model_dir: Path) -> N
     with HFEngine(load_model(model_dir), None, max_batch_size=1, seed=0) as engine:
         run(main(engine))
     assert finished == [1, 4, 6, 9]
+
+
+@pytest.mark.parametrize(
+    ("priorities", "expected"),
+    [("low-first", [1, 4, 6, 9]), ("high-first", [9, 6, 4, 1]), ("off", [9, 4, 6, 1])],
+)
+def test_our_server_orders_waiting_requests_as_sglang_does(
+    model_dir: Path, priorities: str, expected: list[int]
+) -> None:
+    """Over HTTP: ``priority`` in ``/generate`` orders a one-row server's waiting requests as
+    SGLang's flags say (lowest first, highest first, or first come first served)."""
+    from core.inference.sglang_client import SGLangClient
+    from tests.core.inference.helpers import ServerThread
+
+    sampling = SamplingParams(max_new_tokens=4, temperature=0.0)
+    finished: list[int] = []
+    servers = ServerThread()
+    try:
+        handle = servers.start(model_dir=model_dir, max_batch_size=1, priorities=priorities)
+        engine = handle.engine
+        client = SGLangClient([handle.address], send_priority=True)
+
+        async def one(priority: int) -> None:
+            await client.agenerate(GenerationRequest([5, 6, 7], sampling, priority=priority))
+            finished.append(priority)
+
+        async def main() -> None:
+            await asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(engine.pause(), servers.loop)
+            )
+            tasks = []
+            for n, priority in enumerate((9, 4, 6, 1), start=1):  # arriving in this order
+                tasks.append(asyncio.create_task(one(priority)))
+                while engine.num_waiting < n:
+                    await asyncio.sleep(0.01)
+            await asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(engine.resume(), servers.loop)
+            )
+            await asyncio.gather(*tasks)
+            await client.aclose()
+
+        run(main())
+    finally:
+        servers.close()
+    assert finished == expected
+
+
+def test_launched_servers_get_the_batch_cap_and_lowest_first_scheduling(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """``rollout.max_batch_rows`` with servers the run launches: each server decodes that many
+    rows, serving the lowest priority first (SGLang's flags, which our server takes too), and
+    the rollout's client sends every request's priority."""
+    from core.config import load_config
+    from core.inference.server import parse_args, priority_mode
+    from core.runtime.fleet import server_spec, with_servers
+    from core.runtime.rollout_worker import build_engine
+
+    for launcher in ("asyncrl", "sglang"):
+        config = load_config(
+            None, ["rollout.engine=sglang", f"rollout.server_launcher={launcher}",
+                   "rollout.max_batch_rows=8", "rollout.max_concurrent=64"]
+        )  # fmt: skip
+        extra = server_spec(config, str(model_dir), 0, [str(tmp_path)], port=1234).extra_args
+        assert extra[extra.index("--max-running-requests") + 1] == "8"
+        assert "--enable-priority-scheduling" in extra
+        assert "--schedule-low-priority-values-first" in extra
+    args = parse_args(["--model", str(model_dir), *extra])
+    assert args.max_batch_size == 8 and priority_mode(args) == "low-first"
+    assert priority_mode(parse_args(["--model", str(model_dir)])) == "off"
+    assert build_engine(with_servers(config, ["127.0.0.1:1"]), str(model_dir)).send_priority
+    plain = load_config(None, ["rollout.engine=sglang", "rollout.max_concurrent=64"])
+    extra = server_spec(plain, str(model_dir), 0, [str(tmp_path)], port=1234).extra_args
+    assert extra[extra.index("--max-running-requests") + 1] == "64"
+    assert "--enable-priority-scheduling" not in extra
+    assert not build_engine(with_servers(plain, ["127.0.0.1:1"]), str(model_dir)).send_priority

@@ -172,6 +172,7 @@ _GENERATE = st.fixed_dictionaries(
         "rid": st.one_of(st.none(), st.text(max_size=6), st.lists(st.text(max_size=3)), _JSON),
         "return_logprob": st.one_of(st.booleans(), _JSON),
         "stream": st.one_of(st.booleans(), _JSON),
+        "priority": st.one_of(st.integers(), st.lists(st.integers(), max_size=3), _JSON),
         "text": st.text(max_size=5),
     },
 )
@@ -326,6 +327,10 @@ def test_malformed_bodies_are_400_and_do_not_stall_the_server(server, http) -> N
         ({"input_ids": []}, "input_ids"),
         ({"input_ids": None}, "input_ids"),
         ({"rid": 5}, "rid"),
+        ({"priority": "high"}, "priority"),
+        ({"priority": True}, "priority"),
+        ({"priority": 2**63}, "priority"),
+        ({"input_ids": [[1, 2], [3]], "priority": [1]}, "priority"),
         ({"return_logprob": "yes"}, "return_logprob"),
         ({"stream": True}, "stream"),
         ({"text": "hi"}, "text"),
