@@ -198,7 +198,7 @@ async def generate(request: web.Request) -> web.Response:
     limits = request.app[SETTINGS_KEY].limits
     batch = await _parse(request, lambda body: parse_generate(body, limits))
     sign = request.app[SETTINGS_KEY].priority_sign  # the engine serves the smallest first
-    priorities = [sign * p for p in batch.priorities or [0] * len(batch.prompts)]
+    priorities = [sign * p for p in batch.priorities]
     results = await asyncio.gather(
         *(
             _generate_one(engine, ids, s, rid, batch.return_logprob, priority)

@@ -129,7 +129,7 @@ class GenerateBatch:
     rids: list[str | None]
     return_logprob: bool
     batched: bool  # input_ids was a list of prompts: answer with a list
-    priorities: list[int] | None = None  # SGLang's "priority" per prompt; None = not given
+    priorities: list[int]  # SGLang's "priority" per prompt (0 when not given)
 
 
 @dataclass
@@ -383,9 +383,9 @@ def parse_generate(body: Any, limits: RequestLimits) -> GenerateBatch:
     )
 
 
-def _priorities(value: Any, n: int, batched: bool) -> list[int] | None:
+def _priorities(value: Any, n: int, batched: bool) -> list[int]:
     if value is None:
-        return None
+        return [0] * n
     priorities = _per_prompt(value, n, batched, "priority")
     for p in priorities:
         if isinstance(p, bool) or not isinstance(p, int) or abs(p) >= 2**63:

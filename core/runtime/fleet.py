@@ -57,11 +57,9 @@ def server_spec(
     """How to start one of the run's servers on ``host:port``."""
     r = config.rollout
     extra = ["--weight-version", str(version), "--random-seed", str(config.experiment.seed)]
+    extra += ["--max-running-requests", str(r.max_batch_rows or r.max_concurrent)]
     if r.max_batch_rows:  # the oldest groups' calls first (the rollout sends their order)
-        extra += ["--max-running-requests", str(r.max_batch_rows), "--enable-priority-scheduling"]
-        extra += ["--schedule-low-priority-values-first"]
-    else:
-        extra += ["--max-running-requests", str(r.max_concurrent)]
+        extra += ["--enable-priority-scheduling", "--schedule-low-priority-values-first"]
     if r.server_launcher == "asyncrl":
         for root in weights_roots:
             extra += ["--weights-root", root]

@@ -24,9 +24,10 @@ reached it), learner busy fraction, mean and max staleness.
 
 The η > 0 runs get :data:`ASYNC_SETTINGS` on top (the settings that made asynchrony pay here;
 they matter only while generation overlaps training), then any ``--async-set KEY=VALUE``
-(repeatable; later wins, e.g. ``--async-set rollout.kv_after_update=recompute``). ``--baseline RESULTS`` takes the η = 0 runs of an earlier invocation's
-``results.json`` (same warm start, task overrides, latencies and seeds) instead of running them
-again, so async settings can be added to a measured baseline; ``--etas`` may then leave out 0.
+(repeatable; later wins, e.g. ``--async-set rollout.kv_after_update=recompute``).
+``--baseline RESULTS`` takes the η = 0 runs of an earlier invocation's ``results.json`` (same
+warm start, task overrides, latencies and seeds) instead of running them again, so async
+settings can be added to a measured baseline; ``--etas`` may then leave out 0.
 
 Writes ``results.json`` and ``agent_latency.png`` under ``--out`` and logs them, with one nested
 MLflow run per (setting, latency, seed), to the task config's tracking store
@@ -64,7 +65,7 @@ from experiments.benchmarks.async_vs_sync import TaskSpec, run_setting
 from tasks.mlflow_tracking import start_run
 
 CONFIG = "experiments/agent_search.yaml"
-# For the η > 0 runs: (η + 1) steps' episodes in flight, their conversations' KV caches kept,
+# For the η > 0 runs: four steps' episodes in flight, their conversations' KV caches kept,
 # running requests held across a weight update on their KV cache (PipelineRL's in-flight update)
 # instead of aborted and prefilled again, and at most 64 rows decoding so the oldest groups'
 # calls go first. Measured at latency 2/20 over 10 steps (2026-12-02): 2.25 samples/s without
@@ -236,12 +237,9 @@ def baseline_runs(path: str, args: argparse.Namespace) -> tuple[str, list[dict[s
     except (OSError, ValueError, KeyError) as err:
         raise SystemExit(f"--baseline {file}: not an agent_latency results.json ({err})") from None
     model = str(earlier.get("model"))
-    same_model = not args.model or Path(args.model).resolve() == Path(model).resolve()
-    for field, mine in (
-        ("config", CONFIG),
-        ("model", model if same_model else args.model),
-        ("overrides", list(args.overrides)),
-    ):
+    if args.model and Path(args.model).resolve() != Path(model).resolve():
+        raise SystemExit(f"--baseline {file}: its model {model!r} is not this run's {args.model!r}")
+    for field, mine in (("config", CONFIG), ("overrides", list(args.overrides))):
         if earlier.get(field) != mine:
             raise SystemExit(
                 f"--baseline {file}: its {field} {earlier.get(field)!r} is not this run's {mine!r}"
