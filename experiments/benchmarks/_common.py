@@ -17,9 +17,13 @@ import mlflow
 from core.config import Config, ConfigSource, parse_config
 from core.runtime.job import Pipeline
 
-# Per-run figures that are averaged over the seeds of a setting.
+# Per-run figures that are averaged over the seeds of a setting (over those runs that have the
+# figure: a results.json from before it existed lacks it).
 SEED_METRICS = (
     "samples_per_s",
+    "after_first_samples_per_s",
+    "gen_wait_s_per_step",
+    "train_s_per_step",
     "accuracy_start",
     "accuracy_final",
     "learner_busy_fraction",
@@ -132,7 +136,8 @@ def aggregate_seeds(rows: list[dict[str, Any]], by: str) -> list[dict[str, Any]]
             "steps": runs[0]["steps"],
         }
         for metric in SEED_METRICS:
-            entry[metric], entry[f"{metric}_se"] = mean_se([r[metric] for r in runs])
+            values = [r[metric] for r in runs if r.get(metric) is not None]
+            entry[metric], entry[f"{metric}_se"] = mean_se(values)
         entry["max_staleness"] = max(r["max_staleness"] for r in runs)
         hits = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
         entry["target_hits"] = len(hits)
@@ -151,6 +156,10 @@ def aggregate_seeds(rows: list[dict[str, Any]], by: str) -> list[dict[str, Any]]
         for entry in same:
             entry["best_sync"] = sync["setting"]
             entry["speedup_vs_best_sync"] = entry["samples_per_s"] / sync["samples_per_s"]
+            # NaN where either lacks the figure
+            entry["after_first_speedup_vs_best_sync"] = (
+                entry["after_first_samples_per_s"] / sync["after_first_samples_per_s"]
+            )
             entry["accuracy_gap_vs_sync"] = entry["accuracy_final"] - sync["accuracy_final"]
             ses = (entry["accuracy_final_se"], sync["accuracy_final_se"])
             entry["accuracy_gap_se"] = (

@@ -18,20 +18,27 @@ through the bare core loop, like ``async_vs_sync``. η = 0 runs with each of
 
 Reported per latency and setting, as mean ± standard error over the seeds (``experiment.seed``
 varies the RL data order and sampling; the warm start, corpus and questions are shared):
-trained samples/s and its ratio to the best sync setting at the same latency, held-out accuracy
-after the same number of RL steps, RL seconds to reach ``--target`` accuracy (eval pauses excluded; over the seeds that
-reached it), learner busy fraction, mean and max staleness.
+trained samples/s and its ratio to the best sync setting at the same latency, the same after the
+first step (once the pipeline is full: an asynchronous run's first batch waits for episodes
+started from nothing, as a synchronous one's does), seconds per step waiting for the batch and
+training (the time split that says what bounds a setting), held-out accuracy after the same
+number of RL steps, RL seconds to reach ``--target`` accuracy (eval pauses excluded; over the
+seeds that reached it), learner busy fraction, mean and max staleness.
 
 The η > 0 runs get :data:`ASYNC_SETTINGS` on top (the settings that made asynchrony pay here;
 they matter only while generation overlaps training), then any ``--async-set KEY=VALUE``
 (repeatable; later wins, e.g. ``--async-set rollout.kv_after_update=recompute``).
-``--baseline RESULTS`` takes the η = 0 runs of an earlier invocation's ``results.json`` (same
-warm start, task overrides, latencies and seeds) instead of running them again, so async
-settings can be added to a measured baseline; ``--etas`` may then leave out 0.
+``--reuse RESULTS`` (repeatable) takes the runs an earlier invocation's ``results.json`` has for
+this invocation's latencies, settings and seeds instead of running them again (same warm start
+and task overrides; an η > 0 run also the same async settings), so a grid can be extended by
+seeds or η, resumed after an interruption, or async settings tried against a measured sync
+baseline (``--etas`` may then leave out 0); the table, JSON and plot cover every run, reused or
+not.
 
-Writes ``results.json`` and ``agent_latency.png`` under ``--out`` and logs them, with one nested
-MLflow run per (setting, latency, seed), to the task config's tracking store
-(``{fileroot}/mlflow.db``, experiment ``benchmarks``).
+Writes ``results.json`` (after every run, with the runs so far: ``--reuse`` it to go on) and
+``agent_latency.png`` under ``--out`` and logs them, with one nested MLflow run per (setting,
+latency, seed), to the task config's tracking store (``{fileroot}/mlflow.db``, experiment
+``benchmarks``).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +141,8 @@ def print_table(entries: list[dict[str, Any]], target: float) -> None:
         "seeds",
         "samples/s",
         "× best sync",
+        "after step 1 (× sync)",
+        "s/step: wait + train",
         "busy",
         f"accuracy after {steps} steps",
         f"RL s to {target:.2f} (hits)",
@@ -147,12 +157,23 @@ def print_table(entries: list[dict[str, Any]], target: float) -> None:
             str(len(e["seeds"])),
             plus_minus(e["samples_per_s"], e["samples_per_s_se"], ".2f"),
             f"{e['speedup_vs_best_sync']:.2f}",
+            _after_first(e),
+            f"{e['gen_wait_s_per_step']:.1f} + {e['train_s_per_step']:.1f}",
             plus_minus(e["learner_busy_fraction"], e["learner_busy_fraction_se"], ".2f"),
             plus_minus(e["accuracy_final"], e["accuracy_final_se"], ".3f"),
             f"{ttt} ({e['target_hits']}/{len(e['seeds'])})",
             f"{e['mean_staleness']:.2f} / {e['max_staleness']:.0f}",
         )
-    Console(width=170).print(table)
+    Console(width=200).print(table)
+
+
+def _after_first(entry: dict[str, Any]) -> str:
+    """Samples/s after the first step, mean ± SE, and its ratio to the best sync setting's."""
+    mean, se = entry["after_first_samples_per_s"], entry["after_first_samples_per_s_se"]
+    ratio = entry["after_first_speedup_vs_best_sync"]
+    if math.isnan(mean):
+        return "—"
+    return plus_minus(mean, se, ".2f") + ("" if math.isnan(ratio) else f" ({ratio:.2f})")
 
 
 def plot(entries: list[dict[str, Any]], path: Path) -> Path:
@@ -211,50 +232,78 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a config override for the η > 0 runs only, after ASYNC_SETTINGS (repeatable)",
     )
     p.add_argument(
-        "--baseline",
-        default=None,
+        "--reuse",
+        action="append",
+        default=[],
         metavar="RESULTS_JSON",
-        help="reuse the η = 0 runs of an earlier results.json instead of running them",
+        help="take the runs an earlier results.json has for this grid instead of running them "
+        "(repeatable)",
     )
 
     def latencies(args: argparse.Namespace) -> None:
         args.latencies = [Latency.parse(t) for t in args.latencies.split(",")]
 
-    args = parse_seed_grid(p, argv, latencies, sync_elsewhere=lambda args: bool(args.baseline))
+    args = parse_seed_grid(p, argv, latencies, sync_elsewhere=lambda args: bool(args.reuse))
     args.async_set = [*ASYNC_SETTINGS, *args.async_set]
     return args
 
 
-def baseline_runs(path: str, args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
-    """The warm start and η = 0 rows of an earlier ``results.json``, for this invocation's
-    latencies and seeds; refused (naming the file and what differs) unless it ran the same task
-    from the same warm start (``--model``, if given) with the same overrides, and has every
-    latency × seed asked for."""
-    file = Path(path)
-    try:
-        earlier = json.loads(file.read_text())
-        runs = earlier["runs"]
-    except (OSError, ValueError, KeyError) as err:
-        raise SystemExit(f"--baseline {file}: not an agent_latency results.json ({err})") from None
-    model = str(earlier.get("model"))
-    if args.model and Path(args.model).resolve() != Path(model).resolve():
-        raise SystemExit(f"--baseline {file}: its model {model!r} is not this run's {args.model!r}")
-    for field, mine in (("config", CONFIG), ("overrides", list(args.overrides))):
-        if earlier.get(field) != mine:
+def _settings(*overrides: list[str]) -> dict[str, str]:
+    """``key=value`` overrides as one mapping, later ones winning: what they set, whatever their
+    order or repeats."""
+    return dict(o.split("=", 1) for group in overrides for o in group)
+
+
+def reused_runs(paths: list[str], args: argparse.Namespace) -> tuple[str | None, list[dict]]:
+    """The warm start and the runs of earlier ``results.json`` files that this invocation's grid
+    asks for (latency × setting × seed; the first file that has one wins), refused (naming the
+    file and what differs) unless each ran the same task from the same warm start (``--model``,
+    if given, and each other's) with the same overrides; an η > 0 run is taken only if its async
+    settings came to the same as this invocation's."""
+    model, rows, have = args.model, [], set()
+    mine = _settings(args.overrides)
+    mine_async = _settings(args.overrides, args.async_set)
+    latencies = {lat.label for lat in args.latencies}
+    for path in paths:
+        file = Path(path)
+        try:
+            earlier = json.loads(file.read_text())
+            runs, theirs = earlier["runs"], _settings(earlier["overrides"])
+        except (OSError, ValueError, KeyError) as err:
+            raise SystemExit(f"--reuse {file}: not an agent_latency results.json ({err})") from None
+        if earlier.get("config") != CONFIG:
             raise SystemExit(
-                f"--baseline {file}: its {field} {earlier.get(field)!r} is not this run's {mine!r}"
+                f"--reuse {file}: its config {earlier.get('config')!r} is not {CONFIG}"
             )
-    rows = [r for r in runs if r["eta"] == 0]
-    missing = [
-        f"{lat.label} seed {seed}"
-        for lat in args.latencies
-        for seed in args.seeds
-        if not any(r["latency"] == lat.label and r["seed"] == seed for r in rows)
-    ]
-    if missing:
-        raise SystemExit(f"--baseline {file}: no η = 0 run for {', '.join(missing)}")
-    wanted = {lat.label for lat in args.latencies}
-    return model, [r for r in rows if r["latency"] in wanted and r["seed"] in args.seeds]
+        their_model = str(earlier.get("model"))
+        if model and Path(model).resolve() != Path(their_model).resolve():
+            raise SystemExit(
+                f"--reuse {file}: its model {their_model!r} is not this run's {model!r}"
+            )
+        model = their_model
+        if theirs != mine:
+            raise SystemExit(
+                f"--reuse {file}: its overrides {earlier['overrides']!r} are not this run's "
+                f"{list(args.overrides)!r}"
+            )
+        for row in runs:
+            key = (row["latency"], row["setting"], row["seed"])
+            asked = (
+                row["latency"] in latencies
+                and (row["eta"] in args.etas or row["eta"] == 0)  # sync: the baseline
+                and row["seed"] in args.seeds
+                and (row["eta"] > 0 or row["threads"] in args.sync_threads)
+            )
+            async_set = row.get("async_set", earlier.get("async_set", []))
+            same = row["eta"] == 0 or _settings(earlier["overrides"], async_set) == mine_async
+            if asked and same and key not in have:
+                have.add(key)
+                rows.append(row)
+    if 0 not in args.etas:
+        synced = {r["latency"] for r in rows if r["eta"] == 0}
+        if missing := sorted(latencies - synced):
+            raise SystemExit(f"--reuse: no η = 0 run at latency {', '.join(missing)}")
+    return model, rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -266,7 +315,8 @@ def main(argv: list[str] | None = None) -> None:
     for latency in args.latencies:
         cfg = source.resolve(latency.overrides(), label=f"latency {latency.label}")
         async_source.resolve(latency.overrides(), label=f"latency {latency.label} (--async-set)")
-    baseline_model, reused = baseline_runs(args.baseline, args) if args.baseline else (None, [])
+    reused_model, reused = reused_runs(args.reuse, args)
+    done = {(r["latency"], r["setting"], r["seed"]) for r in reused}
     if cfg.learner.total_steps < 1:
         raise SystemExit("learner.total_steps must be >= 1: the benchmark measures RL steps")
     task = TaskSpec(CONFIG, cfg.learner.total_steps, cfg.eval.every_n_steps, args.target)
@@ -276,14 +326,25 @@ def main(argv: list[str] | None = None) -> None:
     with start_run(cfg, run_name=f"agent-latency-{stamp}", tags={"kind": "benchmark"}) as parent:
         model_dir = (
             args.model
-            or baseline_model
+            or reused_model
             or warm_start(source.resolve({"experiment.trial": "bench-data"}), "search")
         )
+        head = {
+            "config": CONFIG,
+            "model": model_dir,
+            "overrides": list(args.overrides),
+            "async_set": list(args.async_set),
+            "reused": [str(Path(p).resolve()) for p in args.reuse],
+            "target_accuracy": args.target,
+            "mlflow_run_id": parent.info.run_id,
+        }
         rows = list(reused)
         for latency in args.latencies:
-            for eta in [e for e in args.etas if not (e == 0 and reused)]:
+            for eta in args.etas:
                 for threads in args.sync_threads if eta == 0 else [1]:
                     for seed in args.seeds:
+                        if (latency.label, f"eta{eta}-t{threads}", seed) in done:
+                            continue
                         row = run_setting(
                             task,
                             async_source if eta else source,
@@ -303,6 +364,9 @@ def main(argv: list[str] | None = None) -> None:
                         if eta:
                             row["async_set"] = list(args.async_set)
                         rows.append(row)
+                        # the runs so far, for --reuse if this invocation is cut short
+                        partial = {**head, "complete": False, "runs": rows}
+                        (out / "results.json").write_text(json.dumps(partial, indent=2))
                         print(
                             f"[latency {latency.label}] {row['trial']}: "
                             f"{row['samples_per_s']:.2f} samples/s, busy "
@@ -311,17 +375,7 @@ def main(argv: list[str] | None = None) -> None:
                             flush=True,
                         )
         entries = aggregate(rows)
-        payload = {
-            "config": CONFIG,
-            "model": model_dir,
-            "overrides": list(args.overrides),
-            "async_set": list(args.async_set),
-            "baseline": args.baseline and str(Path(args.baseline).resolve()),
-            "target_accuracy": args.target,
-            "summary": entries,
-            "runs": rows,
-            "mlflow_run_id": parent.info.run_id,
-        }
+        payload = {**head, "complete": True, "summary": entries, "runs": rows}
         save_results(out, payload, [plot(entries, out / "agent_latency.png")], parent.info.run_id)
         mlflow.log_metrics(
             {

@@ -121,6 +121,8 @@ def run_setting(
             "train_s_per_step": s["train_s"] / n,
             "publish_s_per_step": s["publish_s"] / n,
             "step_s": _mean(v for _, v in memory.series("time/step_s")),
+            "step_s_each": [v for _, v in memory.series("time/step_s")],
+            "after_first_samples_per_s": _after_first_step(memory),
             "accuracy_start": s["evals"][0]["accuracy"],
             "accuracy_final": s["evals"][-1]["accuracy"],
             "evals": _train_time_evals(s["evals"]),
@@ -145,6 +147,16 @@ def _diagnostics(memory: MemorySink) -> dict[str, float]:
         {k for row in memory.rows for k in row if k.startswith(("actor/", "staleness/"))}
     )
     return {name: _mean(v for _, v in memory.series(name)) for name in names}
+
+
+def _after_first_step(memory: MemorySink) -> float | None:
+    """Samples/s over the steps after the first: the rate once the pipeline is full. An
+    asynchronous run's first batch waits for episodes started from nothing, as a synchronous
+    one's does, so over a few steps it weighs on the whole-run figure; None for one step."""
+    seconds = [s for _, s in memory.series("time/step_s")][1:]
+    rates = [r for _, r in memory.series("throughput/samples_per_s")][1:]
+    total = sum(seconds)
+    return sum(r * s for r, s in zip(rates, seconds, strict=True)) / total if total else None
 
 
 def _train_time_evals(evals: list[dict[str, Any]]) -> list[dict[str, float]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from core.config import ConfigError
 from core.models import create_pretrained
+from core.runtime.metrics import MemorySink
 from experiments.benchmarks import agent_latency as agl
 from experiments.benchmarks import async_vs_sync as avs
 from experiments.benchmarks import eta_accuracy as eta
@@ -48,6 +50,18 @@ def test_speedups_and_ceilings_come_from_the_best_sync_setting() -> None:
     assert report["learner_bound"] == pytest.approx(2.0 / 2.0)
     rows[0]["publish_s_per_step"] = 0.5  # publishing is learner time too
     assert avs.summarize("math", avs.TASKS["math"], rows, "m")["learner_bound"] == 2.0 / 2.5
+
+
+def test_throughput_after_the_first_step_weighs_each_step_by_its_samples() -> None:
+    memory = MemorySink()
+    memory.log_metrics({"eval/accuracy": 0.1}, 0)  # an eval row has neither figure
+    for step, (seconds, rate) in enumerate([(10.0, 1.0), (2.0, 4.0), (4.0, 2.0)]):
+        memory.log_metrics({"time/step_s": seconds, "throughput/samples_per_s": rate}, step)
+    # steps 1 and 2 train 8 samples each in 6 s; the first step's 10 s are left out
+    assert avs._after_first_step(memory) == pytest.approx(16 / 6)
+    first_only = MemorySink()
+    first_only.log_metrics({"time/step_s": 10.0, "throughput/samples_per_s": 1.0}, 0)
+    assert avs._after_first_step(first_only) is None
 
 
 def test_time_to_target_uses_rl_seconds() -> None:
@@ -130,6 +144,7 @@ def test_async_vs_sync_runs_end_to_end(tmp_path: Path) -> None:
         # RL seconds exclude the eval at version 2, so they stay below the wall time.
         assert 0 < row["evals"][1]["train_s"] < row["evals"][2]["train_s"] < row["wall_s"]
         assert row["max_staleness"] <= row["eta"]
+        assert len(row["step_s_each"]) == 3 and row["after_first_samples_per_s"] > 0
     sync, asynchronous = report["rows"]
     assert sync["mean_staleness"] == 0.0 and sync["speedup_vs_best_sync"] == 1.0
     assert report["overlap_ceiling"] >= 1.0 and report["learner_bound"] > 0
@@ -305,24 +320,35 @@ def test_agent_latency_settings_and_seed_statistics(capsys, tmp_path: Path) -> N
         agl.parse_args(["--etas", "4"])
     assert "--etas must include 0" in capsys.readouterr().err
     earlier = tmp_path / "earlier.json"
-    run = {"eta": 0, "latency": "2/20", "seed": 1}
+    mine = list(agl.ASYNC_SETTINGS)
+    sync, fast = {"setting": "eta0-t2", "eta": 0, "threads": 2}, {"setting": "eta4-t1", "eta": 4}
+    runs = [
+        {**sync, "latency": "2/20", "seed": 1},
+        {**fast, "latency": "2/20", "seed": 1, "async_set": mine[::-1]},  # the same settings
+        {**fast, "latency": "2/20", "seed": 2, "async_set": [*mine, "rollout.max_batch_rows=1"]},
+        {**fast, "latency": "none", "seed": 1, "async_set": mine},  # a latency not asked for
+        {**sync, "latency": "2/20", "seed": 1, "threads": 1, "setting": "eta0-t1"},
+    ]
     earlier.write_text(
-        json.dumps({"config": agl.CONFIG, "model": "m", "overrides": ["a=1"], "runs": [run]})
+        json.dumps({"config": agl.CONFIG, "model": "m", "overrides": ["a=1"], "runs": runs})
     )
     for argv, message in [
-        (["a=2"], "its overrides ['a=1'] is not this run's ['a=2']"),
+        (["a=2"], "its overrides ['a=1'] are not this run's ['a=2']"),
         (["--model", "other", "a=1"], "its model 'm' is not this run's 'other'"),
-        (["--seeds", "1,2", "a=1"], "no η = 0 run for 2/20 seed 2"),
+        (["--latencies", "2/20,0.5", "a=1"], "--reuse: no η = 0 run at latency 0.5"),
     ]:
         args = agl.parse_args(
-            ["--etas", "4", "--latencies", "2/20", "--baseline", str(earlier), *argv]
+            ["--etas", "4", "--latencies", "2/20", "--reuse", str(earlier), *argv]
         )
         with pytest.raises(SystemExit, match=re.escape(message)):
-            agl.baseline_runs(args.baseline, args)
+            agl.reused_runs(args.reuse, args)
     args = agl.parse_args(
-        ["--etas", "4", "--latencies", "2/20", "--seeds", "1", "--baseline", str(earlier), "a=1"]
+        ["--etas", "4", "--seeds", "1,2", "--sync-threads", "2", "--latencies", "2/20"]
+        + ["--reuse", str(earlier), "--reuse", str(earlier), "a=1"]
     )
-    assert agl.baseline_runs(args.baseline, args) == ("m", [run])
+    # sync seed 1 (the baseline, though --etas leaves out 0) and η = 4 seed 1, each once; seed 2
+    # ran other async settings, so it runs again
+    assert agl.reused_runs(args.reuse, args) == ("m", runs[:2])
 
     rows = [
         _agent_row(lat, eta, threads, seed, samples)
@@ -336,6 +362,9 @@ def test_agent_latency_settings_and_seed_statistics(capsys, tmp_path: Path) -> N
         for seed in (1, 2, 3)
     ]
     rows[-1]["samples_per_s"] = 4.5  # seeds 1, 2, 3 of 2/20, η = 4: 3, 3, 4.5
+    for row in rows:  # after the first step: 2/20's runs only, and seed 1 of its sync lacks it
+        if row["latency"] == "2/20" and (row["eta"], row["seed"]) != (0, 1):
+            row["after_first_samples_per_s"] = row["samples_per_s"] + row["seed"]
     entries = {(e["latency"], e["setting"]): e for e in agl.aggregate(rows)}
     fast_sync, slow_async = entries["none", "eta0-t2"], entries["2/20", "eta4-t1"]
     assert fast_sync["best_sync"] == "eta0-t2" and entries["none", "eta4-t1"][
@@ -346,6 +375,13 @@ def test_agent_latency_settings_and_seed_statistics(capsys, tmp_path: Path) -> N
     assert slow_async["speedup_vs_best_sync"] == pytest.approx(3.5)  # against 2/20's own sync
     assert slow_async["accuracy_final"] == pytest.approx(0.2)
     assert slow_async["target_hits"] == 2 and slow_async["time_to_target_s"] == pytest.approx(12.5)
+    # η = 4: 3+1, 3+2, 4.5+3 → 5.5 over 3 seeds; sync: 1+2, 1+3 → 3.5 over the 2 seeds having it
+    assert slow_async["after_first_samples_per_s"] == pytest.approx(5.5)
+    assert entries["2/20", "eta0-t1"]["after_first_samples_per_s_se"] == pytest.approx(0.5)
+    assert slow_async["after_first_speedup_vs_best_sync"] == pytest.approx(5.5 / 3.5)
+    assert math.isnan(fast_sync["after_first_samples_per_s"])  # no run of it has the figure
+    assert agl._after_first(fast_sync) == "—"
+    assert agl._after_first(slow_async) == "5.50 ± 1.04 (1.57)"
     assert mean_se([2.0]) == (2.0, None)
 
 
@@ -374,6 +410,8 @@ def test_agent_latency_runs_end_to_end(tmp_path: Path) -> None:
         ("eta1-t1-lat0.05-0.2-seed2", 2, "0.05/0.2"),
     ]
     assert all(r["steps"] == 1 and r["samples_per_s"] > 0 for r in results["runs"])
+    assert all(r["after_first_samples_per_s"] is None for r in results["runs"])  # one step
+    assert results["complete"] and results["reused"] == []
     sync, asynchronous = results["summary"]
     assert sync["seeds"] == [2] and sync["speedup_vs_best_sync"] == 1.0
     assert sync["samples_per_s_se"] is None and asynchronous["max_staleness"] <= 1
@@ -390,13 +428,13 @@ def test_agent_latency_runs_end_to_end(tmp_path: Path) -> None:
     agl.main(
         [
             "--etas", "1", "--seeds", "2", "--latencies", "0.05/0.2",
-            "--baseline", str(out / "results.json"), "--async-set", "rollout.max_batch_rows=1",
+            "--reuse", str(out / "results.json"), "--async-set", "rollout.max_batch_rows=1",
             "--fileroot", str(tmp_path / "runs2"), "--out", str(again), *overrides,
         ]
     )  # fmt: skip
     second = json.loads((again / "results.json").read_text())
     assert results["async_set"] == list(agl.ASYNC_SETTINGS)
-    assert second["model"] == str(model)
+    assert second["model"] == str(model) and second["reused"] == [str(out / "results.json")]
     assert second["async_set"] == [*agl.ASYNC_SETTINGS, "rollout.max_batch_rows=1"]
     reused, rerun = second["runs"]
     assert reused == results["runs"][0]  # the sync run, not run again
