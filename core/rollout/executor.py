@@ -163,7 +163,13 @@ class RolloutExecutor:
         self._poke()
 
     def recover(self, version: int, counters: dict[str, Any] | None = None) -> None:
-        """Restart after a checkpoint: ``accepted`` restarts at ``v · B`` (AReaL #1388)."""
+        """Restart after a checkpoint: ``accepted`` restarts at ``v · B`` (AReaL #1388).
+
+        The groups in flight or ready at the checkpoint are gone: the rollout worker draws
+        their prompts again and they are counted when started again. So nothing is running,
+        ``accepted`` is what was consumed, and ``submitted`` only counts finished groups, which
+        keeps ``submitted == accepted + dropped_stale + rejected + failed + running``.
+        """
         self.version = version
         if counters:
             for key, value in counters.items():
@@ -175,8 +181,9 @@ class RolloutExecutor:
         low = min(1, self.max_staleness) if self.adaptive_staleness else self.max_staleness
         self.counters.window = min(max(self.counters.window, low), self.max_staleness)
         self._first_cut = True
-        self.counters.accepted = version * self.batch_size
-        self.counters.consumed = version * self.batch_size
+        c = self.counters
+        c.accepted = c.consumed = version * self.batch_size
+        c.submitted = c.accepted + c.dropped_stale + c.rejected + c.failed
         self._ready.clear()
 
     def outstanding_samples(self) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from core.inference.api import InferenceEngine, WeightSource
 from core.models import load_tokenizer
 from core.rollout.api import Group, Workflow, derive_seed, workflow_class
 from core.rollout.executor import RolloutExecutor
+from core.runtime.draw_ledger import DrawLedger
 from core.storage import fetch_dir
 
 logger = logging.getLogger(__name__)
@@ -82,11 +83,8 @@ class RolloutWorker:
         self.loader = ResumableDataLoader(
             train, batch_size=1, shuffle=True, seed=config.experiment.seed
         )
-        if state is not None:
-            self.loader.load_state_dict(state["dataloader"])
-        # Samples drawn but not yet consumed: a checkpoint records the loader state from before
-        # the oldest of them, so a resumed run draws exactly the same prompts again.
-        self._outstanding: dict[str, dict[str, Any]] = {}
+        # Draws not yet consumed are drawn again on resume; the ones trained after them are not.
+        self.draws = DrawLedger.restore(self.loader, state)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="rollout-loop", daemon=True
@@ -117,15 +115,11 @@ class RolloutWorker:
         )  # fmt: skip
 
     def _next_sample(self) -> dict[str, Any]:
-        before = self.loader.state_dict()
-        sample = self.loader.next_samples(1)[0]
-        key = f"{sample['id']}@{before['epoch']}.{before['position']}"
+        draw = self.draws.draw()
         # The draw's place in the data stream seeds its sampling: the same on resume, and
         # reproducible by anyone who draws from the same loader (experiments/reference_grpo.py).
-        seed = derive_seed(self.config.experiment.seed, before["epoch"], before["position"])
-        sample = {**sample, "_draw": key, "seed": seed}
-        self._outstanding[key] = before
-        return sample
+        seed = derive_seed(self.config.experiment.seed, draw.epoch, draw.position)
+        return {**draw.sample, "_draw": draw.index, "seed": seed}
 
     # ------------------------------------------------------------------ driver API
     def prepare_batch(self, timeout_s: float | None = None) -> list[Group]:
@@ -173,7 +167,15 @@ class RolloutWorker:
         return time.perf_counter() - start
 
     def state_dict(self) -> dict[str, Any]:
-        """Dataloader position (from before any unconsumed draw) and executor counters."""
+        """What a resume needs: the dataloader position from before the oldest draw not yet
+        consumed, the draws after it already settled (``skip_draws``, see
+        :mod:`core.runtime.draw_ledger`), and the executor's counters.
+
+        The ready buffer is not saved: its groups, like the ones in flight, are drawn and
+        generated again after a resume. Their sampling seeds are the same, so they come out
+        as an uninterrupted run would have sampled them, but under the checkpoint's weights
+        (newer than the ones they were first generated with, so no staler).
+        """
         return self._run(self._state())
 
     def stats(self) -> dict[str, Any]:
@@ -232,11 +234,9 @@ class RolloutWorker:
         self.executor.resume()
 
     async def _state(self) -> dict[str, Any]:
-        live = {sample["_draw"] for sample in self.executor.outstanding_samples()}
-        self._outstanding = {key: state for key, state in self._outstanding.items() if key in live}
-        states = sorted(self._outstanding.values(), key=lambda st: (st["epoch"], st["position"]))
-        loader_state = states[0] if states else self.loader.state_dict()
-        return {"dataloader": loader_state, "counters": self.executor.counters.as_dict()}
+        # on the loop: no draw is made, consumed or finished while the state is read
+        live = [sample["_draw"] for sample in self.executor.outstanding_samples()]
+        return {**self.draws.state_dict(live), "counters": self.executor.counters.as_dict()}
 
     async def _evaluate(self, samples: list[dict]) -> dict[str, Any]:
         # No new rollouts start during an eval: the trainer leaves its time out of the RL clock,

@@ -397,11 +397,15 @@ def test_recover_restarts_accepted_at_v_times_b() -> None:
             5, {"submitted": 12, "consumed": 10, "rejected": 1, "staleness": {"0": 4, "1": 6}}
         )
         assert executor.counters.accepted == 10 and executor.counters.running == 0
+        # the 1 group outstanding at the checkpoint is no longer counted as started
+        assert executor.counters.submitted == 10 + 1
+        check_counters(executor)
         assert executor.capacity() == (1 + 5 + 1) * 2 - 10
         executor.start(sample_stream())
         batch = await executor.prepare_batch(timeout_s=10)
         assert len(batch) == 2
         assert executor.counters.staleness[0] >= 4
+        check_counters(executor)
         await executor.stop()
 
     run(main())
@@ -428,10 +432,11 @@ def test_engine_behind_the_learner_is_an_error_not_a_spin() -> None:
         engine = TickEngine()  # still at version 0
         executor = make(engine, EchoWorkflow(n_tokens=2), eta=1)
         executor.recover(3)
+        recovered = executor.counters.submitted  # the 3 batches consumed before the checkpoint
         executor.start(sample_stream())
         with pytest.raises(RolloutError, match="engine serves version 0 but the learner is at 3"):
             await executor.prepare_batch(timeout_s=10)
-        assert executor.counters.submitted == 0
+        assert executor.counters.submitted == recovered == 3 * 4  # nothing started since
         await executor.stop()
 
     run(main())
