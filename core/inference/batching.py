@@ -38,6 +38,7 @@ from core.inference.kv_batch import (
     roomy_buffer,
     splice_supported,
 )
+from core.inference.penalties import RoundPenalties
 from core.inference.prefix_cache import PrefixCache
 from core.inference.sampling import BatchSampling, sample_next
 
@@ -46,7 +47,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class Slot:
-    """A request inside the engine: its output so far and the future its caller awaits."""
+    """A request inside the engine: its output so far and the future its caller awaits.
+
+    ``stop_ids`` end generation when sampled (none with ``ignore_eos``); ``held_ids`` (the stop
+    token ids and the eos ids, with or without ``ignore_eos``) cannot be sampled before
+    ``min_new_tokens``, as SGLang's ``BatchedMinNewTokensPenalizer`` holds them back.
+    """
 
     request: GenerationRequest
     stop_ids: frozenset[int]
@@ -60,6 +66,13 @@ class Slot:
     n_interrupts: int = 0  # retracted and re-prefilled by a pause in "retract" mode
     arrival: int | None = None  # its place in the engine's queue among equal priorities
     cancelled: bool = False  # the caller stopped waiting; drop silently
+    held_ids: frozenset[int] = frozenset()
+
+    def history(self) -> list[int]:
+        """The tokens this request generated: its output plus what it generated before an
+        interruption (resubmitted at the end of its prompt); the penalties count these."""
+        resumed = self.request.resumed_tokens
+        return (self.request.input_ids[-resumed:] if resumed else []) + self.output
 
     def on_future_done(self, future: asyncio.Future) -> None:
         self.cancelled = future.cancelled()
@@ -336,13 +349,21 @@ class BatchDecoder:
         """
         stats = RoundStats(rows=len(slots))
         live, logits = self._start_round(slots, stats)
-        sampling = BatchSampling.from_params(
-            [s.request.sampling for s in live.rows], self.vocab_size, self.device
-        )
+        params = [s.request.sampling for s in live.rows]
+        sampling = BatchSampling.from_params(params, self.vocab_size, self.device)
+        rows = live.rows
+        penalties = RoundPenalties.build(
+            params, [s.history() for s in rows], [s.held_ids for s in rows],
+            [len(s.output) for s in rows], self.vocab_size, self.device,
+        )  # fmt: skip
         while True:
             start = time.perf_counter()
             positions = self._positions(live.rows)
+            if penalties is not None:
+                logits = penalties.apply(logits)
             tokens, logprobs = sample_next(logits, sampling, self.generator, positions)
+            if penalties is not None:
+                penalties.record(tokens)
             n_open, finished = self._record(
                 live.rows, tokens.tolist(), logprobs.tolist(), version, stats
             )

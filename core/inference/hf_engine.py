@@ -265,14 +265,21 @@ class HFEngine:
         :class:`GenerationError` if the model fails on this request."""
         self._check_ids(request.input_ids, "input_ids")
         self._check_ids(request.sampling.stop_token_ids, "stop_token_ids", allow_empty=True)
+        self._check_ids(list(request.sampling.logit_bias), "logit_bias", allow_empty=True)
+        if not 0 <= request.resumed_tokens <= len(request.input_ids):
+            raise ValueError(
+                f"resumed_tokens={request.resumed_tokens} must be in [0, len(input_ids)]"
+            )
         validate_sampling(request.sampling)
         stop_check = self._stop_check(request.sampling.stop)
         if request.sampling.max_new_tokens <= 0:
             return GenerationResponse([], [], [], "length")
         loop = asyncio.get_running_loop()
+        ends = frozenset(request.sampling.stop_token_ids) | self.eos_token_ids
         slot = Slot(
             request=request,
-            stop_ids=frozenset(request.sampling.stop_token_ids) | self.eos_token_ids,
+            stop_ids=frozenset() if request.sampling.ignore_eos else ends,  # as SGLang's
+            held_ids=ends,
             stop_check=stop_check,
             loop=loop,
             future=loop.create_future(),

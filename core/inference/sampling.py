@@ -1,10 +1,19 @@
 """Per-row next-token sampling for a batch whose rows have different sampling parameters.
 
 The logprob we return is ``log_softmax(logits / T)`` at the chosen token (``T == 0`` means
-``log_softmax(logits)``): the temperature-scaled distribution *before* top-k/top-p truncation.
-That is what the learner recomputes from its own forward pass, so the importance ratio between
-behaviour and proximal policy is exact when the weights match. SGLang's default logprobs are the
-same quantity (as long as ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is not set).
+``log_softmax(logits)``), where ``logits`` are the ones the token was sampled from: the model's,
+after the request's penalties, ``min_new_tokens`` mask and ``logit_bias``
+(:mod:`core.inference.penalties`), and *before* the top-k/top-p/min-p truncation. That is
+SGLang's convention: its sampler returns ``log(softmax(logits / T))`` of the logits after
+``apply_logits_bias`` (penalties, grammar mask, bias) and before its top-k/top-p/min-p
+sampling kernels (unless ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is set, which drops the
+temperature). Without penalties it is what the learner recomputes from its own forward pass, so
+the importance ratio between behaviour and proximal policy is exact when the weights match; with
+penalties it is the log-prob of the penalised distribution that was actually sampled from, so the
+ratio corrects for them. The truncations are left out on purpose: inside the kept set the
+truncated distribution differs from this one only by the log of the kept mass, a per-position
+constant, while a logprob of the truncated distribution would be ``-inf`` for the learner's
+tokens outside it.
 
 Sampling uses the Gumbel-max trick (Gumbel 1954; Maddison, Tarlow & Minka 2014, "A* Sampling";
 Jang, Gu & Poole 2017): ``argmax(masked_logits + G)`` with ``G = -log(-log U)``, ``U ~ U(0, 1)``
@@ -53,6 +62,7 @@ class BatchSampling:
     greedy: torch.Tensor  # [B] bool
     top_p: torch.Tensor  # [B] float
     top_k: torch.Tensor  # [B] long, vocabulary size where off
+    min_p: torch.Tensor  # [B] float, 0 where off
     seeds: torch.Tensor  # [B, 2] long: low and high 32-bit halves of seed mod 2**64 (0 if none)
     has_seed: torch.Tensor  # [B] bool
     seed_keys: torch.Tensor  # [B] long: the seeds mixed once per round (see seed_keys())
@@ -69,7 +79,7 @@ class BatchSampling:
         temps = [1.0 if g else float(p.temperature) for g, p in zip(greedy, params, strict=True)]
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         needs_truncation = any(
-            not g and (p.top_p < 1.0 or k < vocab_size)
+            not g and (p.top_p < 1.0 or k < vocab_size or p.min_p > 0)
             for g, p, k in zip(greedy, params, top_k, strict=True)
         )
         has_seed = [p.seed is not None for p in params]
@@ -86,6 +96,9 @@ class BatchSampling:
                 [float(p.top_p) for p in params], dtype=torch.float32, device=device
             ),
             top_k=long(top_k),
+            min_p=torch.tensor(
+                [float(p.min_p) for p in params], dtype=torch.float32, device=device
+            ),
             seeds=seeds,
             has_seed=torch.tensor(has_seed, dtype=torch.bool, device=device),
             seed_keys=seed_keys(seeds[:, 0], seeds[:, 1]),
@@ -115,12 +128,42 @@ def validate_sampling(params: SamplingParams) -> None:
         raise ValueError(f"temperature={params.temperature} must be >= 0 (0 = greedy)")
     if not 0.0 < params.top_p <= 1.0:
         raise ValueError(f"top_p={params.top_p} must be in (0, 1]")
+    _check_sglang_fields(params)
     if not is_int(params.top_k) or params.top_k < 0:
         raise ValueError(f"top_k={params.top_k!r} must be an integer >= 0 (0 = off)")
     if params.seed is not None and not is_int(params.seed):
         raise ValueError(f"seed={params.seed!r} must be an integer or None")
     if problems := stop_string_problems(params.stop, "stop"):
         raise ValueError(problems[0])
+
+
+# SGLang's ranges (SamplingParams.verify in sglang/srt/sampling/sampling_params.py)
+_RANGES = {
+    "min_p": (0.0, 1.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "presence_penalty": (-2.0, 2.0),
+    "repetition_penalty": (0.0, 2.0),  # 0 excluded, see below
+}
+
+
+def _check_sglang_fields(params: SamplingParams) -> None:
+    for name, (low, high) in _RANGES.items():
+        value = getattr(params, name)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise ValueError(f"{name}={value!r} must be a number")
+        if not (math.isfinite(value) and low <= value <= high):
+            raise ValueError(f"{name}={value} must be in [{low}, {high}]")
+    if params.repetition_penalty == 0:
+        raise ValueError("repetition_penalty=0 must be in (0, 2] (1 = off)")
+    if not is_int(params.min_new_tokens) or params.min_new_tokens < 0:
+        raise ValueError(f"min_new_tokens={params.min_new_tokens!r} must be an integer >= 0")
+    if not isinstance(params.ignore_eos, bool):
+        raise ValueError(f"ignore_eos={params.ignore_eos!r} must be a boolean")
+    for token, bias in params.logit_bias.items():
+        if not is_int(token) or isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise ValueError(f"logit_bias[{token!r}]={bias!r}: integer token ids to numbers")
+        if not math.isfinite(bias):
+            raise ValueError(f"logit_bias[{token}]={bias} must be finite")
 
 
 def is_int(value: object) -> bool:
@@ -266,17 +309,26 @@ def gumbel_argmax(
     return noisy.argmax(dim=-1)
 
 
-def truncate_logits(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask (to -inf) everything outside each row's top-k and top-p nucleus.
+def truncate_logits(
+    scaled: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Mask (to -inf) everything outside each row's top-k, top-p nucleus and min-p set.
 
-    Like SGLang's torch sampler, both cuts use the cumulative probability of the full
-    (temperature-scaled) distribution sorted in descending order; the top token always survives.
+    Like SGLang's torch sampler (``top_k_top_p_min_p_sampling_from_probs_torch``), all cuts use
+    the probabilities of the full (temperature-scaled) distribution sorted in descending order:
+    min-p drops tokens whose probability is below ``min_p`` times the top token's (Nguyen et al.
+    2024, "Min-p sampling"). The top token always survives.
     """
     sorted_logits, order = scaled.sort(dim=-1, descending=True)
     probs = sorted_logits.softmax(dim=-1)
     cumulative = probs.cumsum(dim=-1)
     ranks = torch.arange(scaled.shape[-1], device=scaled.device)
     remove = (ranks[None, :] >= top_k[:, None]) | ((cumulative - probs) > top_p[:, None])
+    if min_p is not None:
+        remove |= probs < probs[:, :1] * min_p[:, None]
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     return torch.empty_like(scaled).scatter_(-1, order, sorted_logits)
 
@@ -289,6 +341,7 @@ def sample_next(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return ``(token_ids [B], logprobs [B])``.
 
+    ``logits`` are the processed ones (after :class:`~core.inference.penalties.RoundPenalties`).
     ``positions [B]`` (long) is each row's sequence length when sampling (prompt + output so
     far); it keys the noise of seeded rows and is ignored for the others.
     """
@@ -298,7 +351,7 @@ def sample_next(
     tokens = logits.argmax(dim=-1)
     if not sampling.all_greedy:
         masked = (
-            truncate_logits(scaled, sampling.top_k, sampling.top_p)
+            truncate_logits(scaled, sampling.top_k, sampling.top_p, sampling.min_p)
             if sampling.needs_truncation
             else scaled
         )

@@ -4,13 +4,12 @@ The same client (:class:`~core.inference.sglang_client.SGLangClient`) talks to t
 CPU box and to a real SGLang server on a GPU node. Endpoints and field shapes follow SGLang
 (``python -m sglang.launch_server ... --skip-tokenizer-init``):
 
-- ``POST /generate`` ``{"input_ids", "sampling_params", "return_logprob", "rid"}`` ->
-  ``{"output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens", "completion_tokens",
-  "cached_tokens", "weight_version", "e2e_latency", "output_token_logprobs"}}`` with
-  ``output_token_logprobs`` as ``[logprob, token_id, null]`` triples and ``finish_reason`` as
-  ``{"type": "stop", "matched": id}`` / ``{"type": "length", "length": n}`` /
-  ``{"type": "abort", "message": ...}``. Our extension: ``meta_info["output_token_versions"]``.
-  ``input_ids`` may be a list of prompts (batch); the answer is then a list.
+- ``POST /generate`` ``{"input_ids", "sampling_params", "return_logprob", "rid", ...}`` ->
+  ``{"text", "output_ids", "meta_info": {"id", "finish_reason", ..., "output_token_logprobs"}}``
+  (:mod:`core.inference.generate_endpoint`). SGLang's whole ``GenerateReqInput`` and
+  ``sampling_params`` schema is accepted; what is honoured, and which features are refused
+  unless at their defaults, is in :mod:`core.inference.sglang_params`. ``input_ids`` may be a
+  list of prompts (batch) and ``n`` asks for several samples of each; the answer is then a list.
   ``sampling_params["sampling_seed"]`` (an integer) is the request's ``SamplingParams.seed``.
   ``priority`` (an integer, or one per prompt) orders the waiting requests as SGLang does: only
   with ``--enable-priority-scheduling``, higher values first unless
@@ -64,8 +63,6 @@ import asyncio
 import logging
 import os
 import tempfile
-import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,8 +70,9 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from core.inference.api import GenerationRequest, GenerationResponse, SamplingParams, WeightSource
+from core.inference.api import WeightSource
 from core.inference.chat_endpoint import chat_completion, parse_chat
+from core.inference.generate_endpoint import generate_answers
 from core.inference.hf_engine import DEFAULT_PREFIX_CACHE_TOKENS, GenerationError, HFEngine
 from core.inference.server_guard import (
     API_KEY_ENV,
@@ -87,13 +85,8 @@ from core.inference.server_guard import (
     make_settings,
     next_version,
 )
-from core.inference.validation import (
-    RequestError,
-    loads,
-    parse_generate,
-    parse_pause,
-    parse_update,
-)
+from core.inference.sglang_params import parse_generate
+from core.inference.validation import RequestError, loads, parse_pause, parse_update
 from core.inference.weight_sync_endpoints import add_weight_sync_routes
 from core.storage import download_dir
 
@@ -143,75 +136,12 @@ async def _parse(request: web.Request, parser: Callable[[Any], T], allow_empty: 
 # ---------------------------------------------------------------------- /generate
 
 
-def finish_reason(resp: GenerationResponse) -> dict[str, Any]:
-    if resp.stop_reason == "stop":
-        return {"type": "stop", "matched": resp.output_ids[-1]}
-    if resp.stop_reason == "length":
-        return {"type": "length", "length": len(resp.output_ids)}
-    return {"type": "abort", "message": "generation paused for a weight update"}
-
-
-def to_sglang(
-    resp: GenerationResponse, rid: str, n_prompt: int, version: int, logprobs: bool, latency: float
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "id": rid,
-        "finish_reason": finish_reason(resp),
-        "prompt_tokens": n_prompt,
-        "completion_tokens": len(resp.output_ids),
-        "cached_tokens": 0,
-        "weight_version": str(version),
-        "e2e_latency": latency,
-        "output_token_versions": resp.versions,
-    }
-    if logprobs:
-        meta["output_token_logprobs"] = [
-            [lp, tok, None] for lp, tok in zip(resp.logprobs, resp.output_ids, strict=True)
-        ]
-    return {"output_ids": resp.output_ids, "meta_info": meta}
-
-
-async def _generate_one(
-    engine: HFEngine,
-    ids: list[int],
-    sampling: SamplingParams,
-    rid: str | None,
-    logprobs: bool,
-    priority: int = 0,
-) -> dict[str, Any]:
-    rid = rid or uuid.uuid4().hex
-    start = time.perf_counter()
-    try:
-        request = GenerationRequest(list(ids), sampling, rid, priority=priority)
-        resp = await engine.agenerate(request)
-    except GenerationError:
-        raise
-    except ValueError as exc:  # the engine's own checks (the server's should have caught it)
-        raise RequestError("request", str(exc)) from None
-    except RuntimeError as exc:  # closed
-        raise RequestError("engine", str(exc), status=503) from None
-    return to_sglang(resp, rid, len(ids), engine.version, logprobs, time.perf_counter() - start)
-
-
 async def generate(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE_KEY]
-    limits = request.app[SETTINGS_KEY].limits
-    batch = await _parse(request, lambda body: parse_generate(body, limits))
-    sign = request.app[SETTINGS_KEY].priority_sign  # the engine serves the smallest first
-    priorities = [sign * p for p in batch.priorities]
-    results = await asyncio.gather(
-        *(
-            _generate_one(engine, ids, s, rid, batch.return_logprob, priority)
-            for ids, s, rid, priority in zip(
-                batch.prompts, batch.samplings, batch.rids, priorities, strict=True
-            )
-        ),
-        return_exceptions=True,
-    )
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return web.json_response(results if batch.batched else results[0])
+    """SGLang's ``/generate`` (see :mod:`core.inference.generate_endpoint`)."""
+    settings = request.app[SETTINGS_KEY]
+    batch = await _parse(request, lambda body: parse_generate(body, settings.limits))
+    answers = await generate_answers(request.app[ENGINE_KEY], batch, settings.priority_sign)
+    return web.json_response(answers)
 
 
 async def chat_completions(request: web.Request) -> web.Response:

@@ -47,6 +47,14 @@ def sglang_sampling(params: SamplingParams) -> dict[str, Any]:
         out["no_stop_trim"] = True  # keep the string's tokens: they were sampled and are trained
     if params.seed is not None:  # absent = the server's own generator
         out["sampling_seed"] = params.seed
+    # SGLang's own fields, sent only when set (their absence is SGLang's default)
+    defaults = SamplingParams()
+    for name in ("min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                 "min_new_tokens", "ignore_eos"):  # fmt: skip
+        if getattr(params, name) != getattr(defaults, name):
+            out[name] = getattr(params, name)
+    if params.logit_bias:
+        out["logit_bias"] = {str(k): v for k, v in params.logit_bias.items()}
     return out
 
 

@@ -10,20 +10,11 @@ Rules (each violation raises :class:`RequestError` naming the field; the server 
   the parser and integers too long to parse are rejected too). Unknown fields are rejected rather
   than silently ignored: an ignored sampling field would make the behaviour policy differ from
   what the caller believes it sampled from.
-- ``input_ids``: a non-empty list of token ids, or a non-empty list of such lists (a batch of at
-  most ``max_prompts``). A token id is a JSON integer (not a float such as ``5.0``, not a bool,
-  not a string) in ``[0, vocab_size)``; a prompt leaves room for one token in the context.
-- ``sampling_params``: an object (or null; for a batch also a list of one object per prompt):
-  ``max_new_tokens`` an integer in ``[0, cap]`` where the cap is the context left after the prompt
-  (``max_position_embeddings - len(prompt)``) and, if the server sets one, its
-  ``max_new_tokens_cap``; the default (128, SGLang's) is lowered to the cap instead of failing.
-  ``temperature`` a finite number, 0 (greedy) or in ``[1e-6, 1e4]``; ``top_p`` in ``(0, 1]``;
-  ``top_k`` an integer >= -1 (-1 and 0 = off); ``stop_token_ids`` at most ``max_stop_ids`` token
-  ids; ``sampling_seed`` an integer or null; ``stop`` a string or up to 16 non-empty strings,
-  only when the served model folder has a tokenizer (``no_stop_trim`` is accepted: the output
-  always keeps the string's tokens).
-- ``rid`` a string of at most ``max_rid_chars`` or null (for a batch also a list of them);
-  ``return_logprob`` and ``stream`` booleans (``stream`` must be false).
+- ``/generate`` (``input_ids``, ``sampling_params`` and SGLang's other fields) is checked in
+  :mod:`core.inference.sglang_params`: token ids are JSON integers (not a float such as ``5.0``,
+  not a bool, not a string) in ``[0, vocab_size)``; a prompt leaves room for one token in the
+  context; ``max_new_tokens`` is capped by the context left after the prompt and the server's
+  ``max_new_tokens_cap``; SGLang's sampling fields are range-checked as SGLang checks them.
 - ``/pause_generation``: ``mode`` one of abort/retract/in_place. ``/update_weights_from_disk``:
   ``model_path`` a non-empty string, ``abort_all_requests`` a boolean, ``weight_version`` an
   integer or a string of digits in ``[0, MAX_WEIGHT_VERSION]`` (or null = current + 1). Where the
@@ -43,31 +34,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from core.inference.api import SamplingParams
 from core.inference.sampling import is_int
-from core.inference.stop_strings import stop_string_problems
 
-DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when a request does not say
-MIN_TEMPERATURE = 1e-6  # below this (and above 0) the scaled logits overflow float32
-MAX_TEMPERATURE = 1e4
 MAX_WEIGHT_VERSION = 2**31 - 1  # one version per optimizer step: anything above is a bug
 MAX_PATH_CHARS = 4096
 
-SAMPLING_FIELDS = frozenset(
-    {
-        "max_new_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "stop_token_ids",
-        "sampling_seed",
-        "stop",
-        "no_stop_trim",
-    }
-)
-GENERATE_FIELDS = frozenset(
-    {"input_ids", "sampling_params", "return_logprob", "rid", "stream", "priority"}
-)
 PAUSE_FIELDS = frozenset({"mode"})
 PAUSE_MODES = {"abort": "abort", "retract": "retract", "in_place": "retract"}
 # Our engine re-prefills a retracted request, which is what SGLang's "in_place" amounts to.
@@ -110,7 +81,7 @@ class RequestLimits:
     max_prompts: int = 1024  # prompts in one batched /generate
     max_stop_ids: int = 1024
     max_rid_chars: int = 256
-    stop_strings: bool = False  # the engine matches stop strings (it has a tokenizer)
+    stop_strings: bool = False  # the engine has a tokenizer: stop strings, output text
 
     def room(self, n_prompt: int) -> int | None:
         """The most new tokens a prompt of ``n_prompt`` tokens may ask for (None = no limit)."""
@@ -118,18 +89,6 @@ class RequestLimits:
         if self.context_length is not None:
             caps.append(self.context_length - n_prompt)
         return min(caps) if caps else None
-
-
-@dataclass
-class GenerateBatch:
-    """A validated ``/generate`` body: one entry per prompt."""
-
-    prompts: list[list[int]]
-    samplings: list[SamplingParams]
-    rids: list[str | None]
-    return_logprob: bool
-    batched: bool  # input_ids was a list of prompts: answer with a list
-    priorities: list[int]  # SGLang's "priority" per prompt (0 when not given)
 
 
 @dataclass
@@ -254,143 +213,6 @@ def token_ids(value: Any, field: str, vocab_size: int, *, allow_empty: bool = Fa
                 f"{field}[{i}]", f"{shown} is outside the vocabulary [0, {vocab_size})"
             )
     return value
-
-
-# ---------------------------------------------------------------------- /generate
-
-
-def parse_sampling(raw: Any, n_prompt: int, limits: RequestLimits, field: str) -> SamplingParams:
-    """SGLang ``sampling_params`` -> ours (SGLang's ``top_k=-1`` means off, as our 0 does)."""
-    raw = {} if raw is None else _object(raw, field)
-    _no_unknown(raw, SAMPLING_FIELDS, field)
-    stop = raw.get("stop")
-    stop = [] if stop in (None, "", []) else [stop] if isinstance(stop, str) else stop
-    if not isinstance(raw.get("no_stop_trim", False), bool):
-        raise RequestError(
-            f"{field}.no_stop_trim", f"must be a boolean, got {_kind(raw['no_stop_trim'])}"
-        )
-    if stop and not limits.stop_strings:
-        raise RequestError(f"{field}.stop", "stop strings need a tokenizer; use stop_token_ids")
-    if not isinstance(stop, list):
-        raise RequestError(
-            f"{field}.stop", f"must be a string or a list of strings, got {_kind(stop)}"
-        )
-    if problems := stop_string_problems(stop, f"{field}.stop"):
-        raise RequestError(f"{field}.stop", problems[0].split(": ", 1)[-1])
-    room = limits.room(n_prompt)
-    if raw.get("max_new_tokens") is None:
-        max_new = DEFAULT_MAX_NEW_TOKENS if room is None else min(DEFAULT_MAX_NEW_TOKENS, room)
-    else:
-        max_new = _int_in(raw["max_new_tokens"], f"{field}.max_new_tokens", 0, room)
-    temperature = _finite(raw.get("temperature", 1.0), f"{field}.temperature")
-    if temperature != 0 and not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
-        raise RequestError(
-            f"{field}.temperature",
-            f"{temperature} must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]",
-        )
-    top_p = _finite(raw.get("top_p", 1.0), f"{field}.top_p")
-    if not 0.0 < top_p <= 1.0:
-        raise RequestError(f"{field}.top_p", f"{top_p} must be in (0, 1]")
-    top_k = _int_in(raw.get("top_k", -1), f"{field}.top_k", -1, None)
-    stop_ids = raw.get("stop_token_ids") or []
-    stop_ids = token_ids(stop_ids, f"{field}.stop_token_ids", limits.vocab_size, allow_empty=True)
-    if len(stop_ids) > limits.max_stop_ids:
-        raise RequestError(f"{field}.stop_token_ids", f"at most {limits.max_stop_ids} ids")
-    seed = raw.get("sampling_seed")
-    if seed is not None and not is_int(seed):
-        # No coercion: "7" or 7.5 would silently become another seed than the caller meant.
-        raise RequestError(f"{field}.sampling_seed", f"must be an integer, got {_kind(seed)}")
-    return SamplingParams(
-        max_new_tokens=max_new,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=max(top_k, 0),
-        stop_token_ids=list(stop_ids),
-        stop=list(stop),
-        seed=seed,
-    )
-
-
-def _prompts(value: Any, limits: RequestLimits) -> tuple[list[list[int]], bool]:
-    """``input_ids`` -> (prompts, batched)."""
-    if value is None:
-        raise RequestError(
-            "input_ids", "required: this server has no tokenizer (skip_tokenizer_init)"
-        )
-    if not isinstance(value, list):
-        raise RequestError("input_ids", f"must be a list of token ids, got {_kind(value)}")
-    if not value:
-        raise RequestError("input_ids", "must not be empty")
-    if not any(isinstance(v, list) for v in value):
-        return [_prompt(value, "input_ids", limits)], False
-    if len(value) > limits.max_prompts:
-        raise RequestError("input_ids", f"{len(value)} prompts: at most {limits.max_prompts}")
-    return [_prompt(p, f"input_ids[{i}]", limits) for i, p in enumerate(value)], True
-
-
-def _prompt(value: Any, field: str, limits: RequestLimits) -> list[int]:
-    ids = token_ids(value, field, limits.vocab_size)
-    if limits.context_length is not None and len(ids) >= limits.context_length:
-        raise RequestError(field, f"{len(ids)} tokens: the context holds {limits.context_length}")
-    return ids
-
-
-def _per_prompt(value: Any, n: int, batched: bool, field: str) -> list[Any]:
-    """A field given once for all prompts, or (batch only) as a list of one per prompt."""
-    if batched and isinstance(value, list):
-        if len(value) != n:
-            raise RequestError(field, f"has {len(value)} entries for {n} prompts")
-        return value
-    return [value] * n
-
-
-def _rids(value: Any, n: int, batched: bool, limits: RequestLimits) -> list[str | None]:
-    rids = _per_prompt(value, n, batched, "rid")
-    for rid in rids:
-        if rid is not None and not isinstance(rid, str):
-            raise RequestError("rid", f"must be a string or null, got {_kind(rid)}")
-        if rid is not None and len(rid) > limits.max_rid_chars:
-            raise RequestError("rid", f"at most {limits.max_rid_chars} characters")
-    if batched and isinstance(value, str):  # one rid for the batch: number its prompts
-        return [f"{value}_{i}" for i in range(n)]
-    return rids
-
-
-def parse_generate(body: Any, limits: RequestLimits) -> GenerateBatch:
-    """A ``/generate`` body -> validated prompts and sampling parameters."""
-    body = _object(body, "body")
-    if "text" in body:
-        raise RequestError(
-            "text", "this server has no tokenizer (skip_tokenizer_init): send input_ids"
-        )
-    _no_unknown(body, GENERATE_FIELDS, "")
-    if _optional_bool(body.get("stream"), "stream", False):
-        raise RequestError("stream", "streaming is not supported")
-    prompts, batched = _prompts(body.get("input_ids"), limits)
-    n = len(prompts)
-    raw_sampling = _per_prompt(body.get("sampling_params"), n, batched, "sampling_params")
-    samplings = [
-        parse_sampling(s, len(p), limits, f"sampling_params[{i}]" if batched else "sampling_params")
-        for i, (s, p) in enumerate(zip(raw_sampling, prompts, strict=True))
-    ]
-    return GenerateBatch(
-        prompts=prompts,
-        samplings=samplings,
-        rids=_rids(body.get("rid"), n, batched, limits),
-        return_logprob=_optional_bool(body.get("return_logprob"), "return_logprob", False),
-        batched=batched,
-        priorities=_priorities(body.get("priority"), n, batched),
-    )
-
-
-def _priorities(value: Any, n: int, batched: bool) -> list[int]:
-    if value is None:
-        return [0] * n
-    priorities = _per_prompt(value, n, batched, "priority")
-    for p in priorities:
-        if isinstance(p, bool) or not isinstance(p, int) or abs(p) >= 2**63:
-            raise RequestError("priority", f"must be a 64-bit integer, got {_kind(p)}")
-    return priorities
 
 
 # ---------------------------------------------------------------------- admin endpoints
@@ -520,3 +342,13 @@ def parse_group_destroy(body: Any) -> str:
     body = _object(body, "body")
     _no_unknown(body, GROUP_DESTROY_FIELDS, "")
     return _group_name(body)
+
+
+def __getattr__(name: str) -> Any:
+    """``parse_sampling``/``parse_generate`` moved to :mod:`core.inference.sglang_params`; still
+    importable from here (lazily: that module imports this one)."""
+    if name in ("parse_sampling", "parse_generate", "GenerateBatch"):
+        from core.inference import sglang_params
+
+        return getattr(sglang_params, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

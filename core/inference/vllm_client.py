@@ -9,12 +9,17 @@ per-request ``seed`` (omitted when unset).
 
 Stock vLLM has no HTTP weight-update or pause endpoint; deployments add their own (AReaL's vLLM
 server, for one). Their paths are configurable: ``weight_update_path`` receives
-``{"model_path", "weight_version"}``; with ``pause_path``/``resume_path`` unset, pausing only holds
-new requests in this client and in-flight ones run to completion (never ``abort``).
+``{"model_path", "weight_version"}``; with ``pause_path``/``resume_path`` unset, pausing holds new
+requests in this client and *waits for the in-flight ones to finish* (never ``abort``), so no
+request is still generating while new weights load. A response's tokens are stamped with the
+version the client served when the request was sent: every token of it came from that version or
+(with a pause endpoint that lets a request straddle an update) a newer one, so staleness is never
+under-counted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -101,25 +106,40 @@ class VLLMClient(HTTPEngineClient):
         self.weight_update_path = weight_update_path
         self.pause_path = pause_path
         self.resume_path = resume_path
+        self._in_flight = 0
+        self._drained = asyncio.Event()
+        self._drained.set()
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResponse:
         await self.wait_until_resumed()
+        version = self._version  # at send: the oldest weights that can have made its tokens
         payload = completions_payload(request, self.model_name)
-        data = await self.on_server(
-            request.rid,
-            lambda url: self.request("POST", url + "/v1/completions", payload),
-            prompt=request.input_ids,
-            session=request.session,
-        )
-        resp = parse_completion(data, self._version)
+        self._in_flight += 1
+        self._drained.clear()
+        try:
+            data = await self.on_server(
+                request.rid,
+                lambda url: self.request("POST", url + "/v1/completions", payload),
+                prompt=request.input_ids,
+                session=request.session,
+            )
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._drained.set()
+        resp = parse_completion(data, version)
         if resp.stop_reason != "abort":
             self.release(request.rid)
         return resp
 
     async def pause(self) -> None:
+        """Hold new requests; abort the running ones through ``pause_path``, or without one
+        wait until they have finished (stock vLLM cannot interrupt them)."""
         self._set_paused(True)
         if self.pause_path:
             await self.post_all(self.pause_path, {})
+        else:
+            await self._drained.wait()
 
     async def resume(self) -> None:
         if self.resume_path:

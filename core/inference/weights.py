@@ -3,7 +3,9 @@
 The learner saves with ``save_pretrained``: one ``model.safetensors`` or sharded
 ``model-0000x-of-0000y.safetensors`` files, and with tied embeddings the file holds no
 ``lm_head.weight`` (it *is* the input embedding). Keys and shapes are checked before anything is
-copied, so a bad checkpoint leaves the serving model untouched.
+copied, so a bad checkpoint leaves the serving model untouched. A file that is not safetensors
+(truncated, garbage) is a ``ValueError`` naming it, like any other checkpoint that does not fit:
+the caller's mistake, which the server answers with a 400.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
@@ -55,7 +58,10 @@ def read_state_dict(source: WeightSource) -> Mapping[str, torch.Tensor]:
     assert source.path is not None  # WeightSource guarantees exactly one
     state: dict[str, torch.Tensor] = {}
     for file in safetensors_files(local_path(source.path)):
-        state.update(load_file(str(file), device="cpu"))
+        try:
+            state.update(load_file(str(file), device="cpu"))
+        except SafetensorError as exc:  # its own type: make it the ValueError a misfit is
+            raise ValueError(f"{file} is not a readable safetensors file: {exc}") from exc
     return state
 
 

@@ -326,3 +326,23 @@ def test_sampling_seed_over_http_matches_in_process(servers, model_dir, engine, 
     assert remote[0].output_ids != remote[1].output_ids
     for status, message in statuses:
         assert status == 400 and "sampling_seed" in message
+
+
+def test_the_sglang_client_sends_sglangs_sampling_fields_when_set() -> None:
+    plain = sglang_sampling(SamplingParams())
+    assert not {"min_p", "frequency_penalty", "ignore_eos", "logit_bias"} & set(plain)
+    set_ = sglang_sampling(
+        SamplingParams(
+            min_p=0.1,
+            frequency_penalty=0.5,
+            presence_penalty=0.2,
+            repetition_penalty=1.1,
+            min_new_tokens=3,
+            ignore_eos=True,
+            logit_bias={7: -1.5},
+        )  # fmt: skip
+    )
+    assert set_["min_p"] == 0.1 and set_["frequency_penalty"] == 0.5
+    assert set_["presence_penalty"] == 0.2 and set_["repetition_penalty"] == 1.1
+    assert set_["min_new_tokens"] == 3 and set_["ignore_eos"] is True
+    assert set_["logit_bias"] == {"7": -1.5}

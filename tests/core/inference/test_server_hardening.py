@@ -158,6 +158,16 @@ _SAMPLING = st.fixed_dictionaries(
         "sampling_seed": _NUMBERS,
         "stop": st.one_of(st.none(), st.text(max_size=3), _JSON),
         "frequency_penalty": _NUMBERS,
+        "repetition_penalty": _NUMBERS,
+        "min_p": _NUMBERS,
+        "min_new_tokens": _NUMBERS,
+        "n": st.one_of(st.integers(0, 3), _NUMBERS),
+        "ignore_eos": st.one_of(st.booleans(), _JSON),
+        "logit_bias": st.one_of(
+            st.dictionaries(st.sampled_from(["0", "5", "305", "306", "-1", "05", "x"]), _NUMBERS),
+            _JSON,
+        ),
+        "regex": st.one_of(st.none(), st.text(max_size=3)),
     },
 )
 _GENERATE = st.fixed_dictionaries(
@@ -245,7 +255,7 @@ BAD_BODIES = {
     "huge-id": ({"input_ids": [2**70]}, "input_ids[0]"),
     "oov-stop-id": ({"sampling_params": {"stop_token_ids": [VOCAB]}}, "stop_token_ids[0]"),
     "huge-max-new-tokens": ({"sampling_params": {"max_new_tokens": 10**12}}, "max_new_tokens"),
-    "unknown-sampling-field": ({"sampling_params": {"min_p": 0.1}}, "min_p"),
+    "unknown-sampling-field": ({"sampling_params": {"min_pp": 0.1}}, "min_pp"),
 }
 
 

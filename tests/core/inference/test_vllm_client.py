@@ -7,9 +7,12 @@ the client sends and answers the way vLLM's ``/v1/completions`` does with
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from aiohttp import web
 
+from core.inference import api
 from core.inference.api import (
     GenerationRequest,
     InferenceEngine,
@@ -31,14 +34,21 @@ class FakeVLLM:
         self.bodies: list[dict] = []
         self.updates: list[dict] = []
         self.abort_next = False
+        self.abort_always = False  # abort every request with no token (a server dropping them)
+        self.delay_s = 0.0  # how long a completion takes
+        self.events: list[str] = []  # "done" per completion, "update" per weight update
 
     async def completions(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.bodies.append(body)
+        await asyncio.sleep(self.delay_s)
+        self.events.append("done")
         n = body["max_tokens"]
         finish = "length"
         if self.abort_next:
             self.abort_next, n, finish = False, 2, "abort"
+        if self.abort_always:
+            n, finish = 0, "abort"
         ids = [body["prompt"][-1] + i + 1 for i in range(n)]
         return web.json_response({
             "id": "cmpl-1",
@@ -60,6 +70,7 @@ class FakeVLLM:
         })  # fmt: skip
 
     async def update(self, request: web.Request) -> web.Response:
+        self.events.append("update")
         self.updates.append(await request.json())
         return web.json_response({"success": True})
 
@@ -125,6 +136,60 @@ def test_abort_resume_and_weight_update_endpoint() -> None:
     assert resp.output_ids == [2, 3, 4, 5, 6] and resp.n_resumes == 1
     assert fake.bodies[1]["prompt"] == [1, 2, 3] and fake.bodies[1]["max_tokens"] == 3
     assert resp.versions == [3] * 5 and resp.stop_reason == "length"
+
+
+def test_a_request_in_flight_across_a_weight_update_keeps_its_version() -> None:
+    """Issue 32 #2: without a pause endpoint, pause() waits for the running request, the update
+    follows it, and its tokens carry the version they were made with (they were stamped with
+    the version current when the response arrived, after the update: v-1 labelled v)."""
+    fake = FakeVLLM()
+    fake.delay_s = 0.5
+
+    async def main():
+        runner, address = await _serve(fake)
+        try:
+            async with VLLMClient(
+                [address], model_name="tiny", weight_update_path="/custom_update", version=2
+            ) as client:
+                running = asyncio.ensure_future(
+                    client.agenerate(GenerationRequest([1], SamplingParams(max_new_tokens=3)))
+                )
+                await asyncio.sleep(0.1)  # the request is on the server
+                await client.pause()
+                await client.update_weights(WeightSource(path="/ckpt/v3"), 3)
+                await client.resume()
+                fake.delay_s = 0.0
+                later = await client.agenerate(
+                    GenerationRequest([1], SamplingParams(max_new_tokens=2))
+                )
+                return await running, later
+        finally:
+            await runner.cleanup()
+
+    first, later = run(main())
+    assert fake.events == ["done", "update", "done"]  # the update waited for the request
+    assert first.versions == [2, 2, 2] and later.versions == [3, 3]
+
+
+def test_unexplained_aborts_are_retried_with_backoff_then_fail(monkeypatch) -> None:
+    """Issue 32 #3: a server that aborts a request by itself (no pause, no weight update, no
+    token) made generate_resuming resubmit forever; now it backs off and gives up, naming it."""
+    monkeypatch.setattr(api, "UNEXPLAINED_ABORT_BACKOFF_S", 0.01)
+    fake = FakeVLLM()
+    fake.abort_always = True
+
+    async def main():
+        runner, address = await _serve(fake)
+        try:
+            async with VLLMClient([address], model_name="tiny") as client:
+                request = GenerationRequest([1], SamplingParams(max_new_tokens=3), rid="dropped")
+                return await generate_resuming(client, request)
+        finally:
+            await runner.cleanup()
+
+    with pytest.raises(RuntimeError, match="request dropped: aborted 5 times in a row"):
+        run(main())
+    assert len(fake.bodies) == api.MAX_UNEXPLAINED_ABORTS
 
 
 def test_seed_is_sent_only_when_set_and_survives_resume() -> None:
