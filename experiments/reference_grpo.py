@@ -132,7 +132,8 @@ def train(cfg: Config, model_dir: str, train_rows: list[dict], steps: int):
             logprobs, logprobs.detach(), advantages, loss_mask, behaviour_logprobs=behav,
             eps_clip=algo.eps_clip, eps_clip_high=algo.eps_clip_high, dual_clip=algo.dual_clip,
             behaviour_cap=algo.behaviour_cap, behaviour_mask_mode=algo.behaviour_mask_mode,
-            aggregation=algo.loss_aggregation, normalizer=global_normalizer(loss_mask, algo.loss_aggregation),
+            behaviour_level=algo.behaviour_level, behaviour_cap_low=algo.behaviour_cap_low,
+            behaviour_veto=algo.behaviour_veto, aggregation=algo.loss_aggregation, normalizer=global_normalizer(loss_mask, algo.loss_aggregation),
         )  # fmt: skip
         optimizer.zero_grad()
         loss.backward()

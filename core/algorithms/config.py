@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 from core.algorithms.aggregation import AGGREGATION_MODES
 from core.algorithms.kl import KL_ESTIMATORS
-from core.algorithms.policy_loss import BEHAVIOUR_MASK_MODES, IMPORTANCE_LEVELS
+from core.algorithms.policy_loss import BEHAVIOUR_LEVELS, BEHAVIOUR_MASK_MODES, IMPORTANCE_LEVELS
 from core.schema import documented
 
 ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
@@ -69,13 +69,23 @@ class AlgorithmConfig:
         True, "Decoupled PPO: clip against proximal logprobs, weight by prox/behav."
     )
     behaviour_cap: float | None = documented(
-        5.0, "Cap on the behaviour weight prox/behav; None = off."
+        5.0,
+        "Upper bound on the behaviour (rollout-correction) weight prox/behav; None = off.",
     )
     behaviour_mask_mode: str = documented(
-        "mask", f"Above the cap: {BEHAVIOUR_MASK_MODES} (truncate or drop)."
+        "mask",
+        f"Outside the bounds: {BEHAVIOUR_MASK_MODES} (cap = truncated IS, mask = masked IS).",
     )
     behaviour_level: str = documented(
-        "token", f"Behaviour weight level, one of {IMPORTANCE_LEVELS}."
+        "token",
+        f"Behaviour weight level, one of {BEHAVIOUR_LEVELS}: per token, the row's product, or "
+        "the row's geometric mean.",
+    )
+    behaviour_cap_low: float | None = documented(
+        None, "Masked IS only: weights below this are dropped too; None = no lower bound."
+    )
+    behaviour_veto: float | None = documented(
+        None, "Drop a whole row if any token's own weight is below this; None = off."
     )
     use_loglinear_proximal: bool = documented(
         False, "Approximate proximal logprobs log-linearly instead of recomputing."
@@ -118,7 +128,7 @@ def _validate(cfg: AlgorithmConfig) -> None:
     """Raise ValueError naming the first offending field."""
     _choice(cfg, "adv_estimator", ADV_ESTIMATORS)
     _choice(cfg, "importance_level", IMPORTANCE_LEVELS)
-    _choice(cfg, "behaviour_level", IMPORTANCE_LEVELS)
+    _choice(cfg, "behaviour_level", BEHAVIOUR_LEVELS)
     _choice(cfg, "behaviour_mask_mode", BEHAVIOUR_MASK_MODES)
     _choice(cfg, "loss_aggregation", AGGREGATION_MODES)
     _choice(cfg, "kl_estimator", KL_ESTIMATORS)
@@ -130,9 +140,22 @@ def _validate(cfg: AlgorithmConfig) -> None:
         _at_least(cfg, name, 1)
     for name in ("reward_clip", "behaviour_cap", "value_clip", "loss_norm_constant"):
         _at_least(cfg, name, 0.0, strict=True)
-    for name in ("lr", "critic_lr", "max_grad_norm", "overlong_buffer_len"):
+    _at_least(cfg, "lr", 0.0)  # lr = 0: the mismatch canary (the policy must not move)
+    for name in ("critic_lr", "max_grad_norm", "overlong_buffer_len"):
         _at_least(cfg, name, 0.0, strict=True)
     _at_least(cfg, "dual_clip", 1.0, strict=True)
+    for name in ("behaviour_cap_low", "behaviour_veto"):
+        _at_least(cfg, name, 0.0, strict=True)
+    if cfg.behaviour_cap_low is not None:
+        if cfg.behaviour_mask_mode != "mask":
+            raise ValueError("behaviour_cap_low needs behaviour_mask_mode='mask' (masked IS)")
+        if cfg.behaviour_cap is not None and cfg.behaviour_cap_low >= cfg.behaviour_cap:
+            raise ValueError(
+                f"behaviour_cap_low={cfg.behaviour_cap_low} must be below "
+                f"behaviour_cap={cfg.behaviour_cap}"
+            )
+    if cfg.behaviour_veto is not None and cfg.behaviour_veto > 1.0:
+        raise ValueError(f"behaviour_veto={cfg.behaviour_veto} must be in (0, 1]")
     for name in ("gamma", "lam"):
         if not 0.0 <= getattr(cfg, name) <= 1.0:
             raise ValueError(f"{name}={getattr(cfg, name)!r} must be in [0, 1]")
@@ -144,6 +167,12 @@ def _validate(cfg: AlgorithmConfig) -> None:
         raise ValueError(
             f"use_critic={cfg.use_critic} does not fit adv_estimator={cfg.adv_estimator!r}: "
             "GAE needs a critic and only GAE uses one"
+        )
+    if cfg.kl_coef > 0 and cfg.kl_estimator == "k1":
+        raise ValueError(
+            "kl_estimator='k1' with kl_coef > 0: as a loss term k1's gradient is zero in "
+            "expectation (no regularisation, only noise); use 'k3' or 'k2' for the KL loss, or "
+            "k1 in the reward (kl_in_reward_coef)"
         )
     if cfg.use_loglinear_proximal and not cfg.decoupled:
         raise ValueError("use_loglinear_proximal=True requires decoupled=True")
@@ -208,7 +237,7 @@ REINFORCE_PP = dict(
 # §5.1), sequence-mean loss, no KL (verl recipe/gspo).
 GSPO = dict(
     adv_estimator="grpo", group_size=8, normalize_std=True, importance_level="sequence",
-    behaviour_level="sequence", eps_clip=3e-4, eps_clip_high=4e-4,
+    behaviour_level="geometric", eps_clip=3e-4, eps_clip_high=4e-4,
     loss_aggregation="seq-mean-token-mean", kl_coef=0.0, lr=1e-6,
 )  # fmt: skip
 

@@ -17,6 +17,8 @@ With ``behaviour_logprobs=None`` (w = 1) this is plain PPO (arXiv 1707.06347) wi
 ``π_old = π_prox``; with ``π_behav = π_prox`` the two coincide.
 """
 
+import math
+
 import torch
 
 from core.algorithms.aggregation import aggregate_loss
@@ -26,7 +28,11 @@ from core.algorithms.masking import as_bool, masked_max, masked_mean, masked_min
 Tensor = torch.Tensor
 
 IMPORTANCE_LEVELS = ("token", "sequence")
+BEHAVIOUR_LEVELS = ("token", "sequence", "geometric")
 BEHAVIOUR_MASK_MODES = ("cap", "mask")
+# log-weights are clamped to ±this before exp (a sequence-level product can be huge; verl
+# bounds its rollout-correction log-ratio the same way)
+LOG_WEIGHT_BOUND = 20.0
 
 
 def _seq_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -42,35 +48,69 @@ def behaviour_weights(
     cap: float | None = None,
     mask_mode: str = "cap",
     level: str = "token",
+    cap_low: float | None = None,
+    veto: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Behaviour importance weights ``π_prox / π_behav`` (no gradient), capped or masked.
+    """Behaviour importance weights ``w = π_prox / π_behav`` (no gradient), truncated or masked:
+    the rollout correction of decoupled PPO (AReaL, arXiv 2505.24298) and of train/inference
+    mismatch (truncated IS, Yao et al. 2025 "Your efficient RL framework secretly brings you
+    off-policy RL training"; masked IS, as verl's rollout correction and slime's MIS).
 
-    ``level="token"``: one weight per token. ``level="sequence"``: each token of a row gets the
-    row's geometric-mean weight ``exp(mean_t(log π_prox - log π_behav))`` (length-normalised as in
-    GSPO, arXiv 2507.18071). Above ``cap``, ``mask_mode="cap"`` truncates the weight to ``cap``
-    (truncated IS) and ``mask_mode="mask"`` zeroes it, dropping the token/sequence from the loss
-    numerator (AReaL's ``behav_imp_weight_cap``); the normaliser is unchanged.
+    ``level``: ``"token"`` one weight per token; ``"sequence"`` each token of a row gets the
+    row's product ``exp(Σ_t log w_t)`` (the exact sequence-level ratio); ``"geometric"`` the
+    row's geometric mean ``exp(mean_t log w_t)`` (length-normalised, as GSPO). Log-weights are
+    clamped to ``±LOG_WEIGHT_BOUND`` before ``exp``.
+
+    ``mask_mode="cap"`` (truncated IS, TIS): weights above ``cap`` become ``cap``.
+    ``mask_mode="mask"`` (masked IS, MIS): weights above ``cap`` or below ``cap_low`` become 0,
+    dropping the token (or the whole row, at sequence/geometric level) from the loss numerator;
+    the normaliser is unchanged (AReaL's ``behav_imp_weight_cap``). ``veto``: a row with any
+    token whose own weight is below it is dropped whole, at any level (verl's token veto: one
+    token the behaviour policy found far likelier than the learner does marks a broken sample).
 
     Returns:
-        ``(weights, raw_weights, exceeded)``, all ``[batch, tokens]``; ``exceeded`` is the bool
-        set of response tokens whose raw weight was above ``cap``.
+        ``(weights, raw_weights, excluded)``, all ``[batch, tokens]``; ``excluded`` is the bool
+        set of response tokens outside the bounds (truncated in cap mode, zeroed in mask mode)
+        or vetoed.
     """
     if mask_mode not in BEHAVIOUR_MASK_MODES:
         raise ValueError(
             f"unknown behaviour_mask_mode {mask_mode!r}; expected {BEHAVIOUR_MASK_MODES}"
         )
-    if level not in IMPORTANCE_LEVELS:
-        raise ValueError(f"unknown behaviour_level {level!r}; expected {IMPORTANCE_LEVELS}")
+    if level not in BEHAVIOUR_LEVELS:
+        raise ValueError(f"unknown behaviour_level {level!r}; expected {BEHAVIOUR_LEVELS}")
+    if cap_low is not None and mask_mode != "mask":
+        raise ValueError("behaviour_cap_low bounds masked IS only (behaviour_mask_mode='mask')")
     mask = as_bool(loss_mask)
-    log_w = torch.where(mask, (proximal_logprobs - behaviour_logprobs).detach(), 0.0)
+    token_log_w = torch.where(mask, (proximal_logprobs - behaviour_logprobs).detach(), 0.0)
+    log_w = token_log_w
     if level == "sequence":
-        log_w = _seq_mean(log_w, mask).expand_as(log_w)
-    raw = torch.where(mask, log_w.exp(), 0.0)
-    if cap is None:
-        return raw, raw, torch.zeros_like(mask)
-    exceeded = mask & (raw > cap)
-    weights = raw.clamp(max=cap) if mask_mode == "cap" else torch.where(exceeded, 0.0, raw)
-    return weights, raw, exceeded
+        log_w = token_log_w.sum(dim=-1, keepdim=True).expand_as(token_log_w)
+    elif level == "geometric":
+        log_w = _seq_mean(token_log_w, mask).expand_as(token_log_w)
+    raw = torch.where(mask, log_w.clamp(-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND).exp(), 0.0)
+    high = mask & (raw > cap) if cap is not None else torch.zeros_like(mask)
+    low = mask & (raw < cap_low) if cap_low is not None else torch.zeros_like(mask)
+    vetoed = torch.zeros_like(mask)
+    if veto is not None:
+        below = (mask & (token_log_w < math.log(veto))).any(dim=-1, keepdim=True)
+        vetoed = mask & below
+    if mask_mode == "cap":
+        weights = raw.clamp(max=cap) if cap is not None else raw
+        weights = torch.where(vetoed, 0.0, weights)
+    else:
+        weights = torch.where(high | low | vetoed, 0.0, raw)
+    return weights, raw, high | low | vetoed
+
+
+def effective_sample_size(weights: Tensor, mask: Tensor) -> Tensor:
+    """Normalised effective sample size ``(Σw)² / (n·Σw²)`` of the weights over the response
+    tokens (Kong 1992): 1 when every weight is equal, → 1/n when one weight dominates."""
+    m = as_bool(mask)
+    w = torch.where(m, weights, 0.0)
+    n = m.sum()
+    denominator = n * (w**2).sum()
+    return torch.where(denominator > 0, w.sum() ** 2 / denominator.clamp(min=1e-30), 1.0)
 
 
 def ppo_policy_loss(
@@ -87,6 +127,8 @@ def ppo_policy_loss(
     behaviour_cap: float | None = None,
     behaviour_mask_mode: str = "cap",
     behaviour_level: str = "token",
+    behaviour_cap_low: float | None = None,
+    behaviour_veto: float | None = None,
     aggregation: str = "token-mean",
     normalizer: float | Tensor | None = None,
     norm_constant: float | None = None,
@@ -106,16 +148,18 @@ def ppo_policy_loss(
         importance_level: ``"token"``, or ``"sequence"`` (GSPO, arXiv 2507.18071): the ratio of
             every token of a row is ``s = exp(mean_t log(π_θ/π_prox))`` in value, with GSPO-token
             gradient ``s · ∇log π_θ(y_t)`` (``sg[s] · π_θ(y_t) / sg[π_θ(y_t)]``).
-        behaviour_cap, behaviour_mask_mode, behaviour_level: see ``behaviour_weights``.
+        behaviour_cap, behaviour_mask_mode, behaviour_level, behaviour_cap_low, behaviour_veto:
+            ``cap``, ``mask_mode``, ``level``, ``cap_low``, ``veto`` of ``behaviour_weights``.
         aggregation, normalizer, norm_constant: see ``aggregate_loss`` (pass the global
             ``normalizer`` when the batch is split into micro-batches).
 
     Returns:
         ``(loss, stats)``: 0-dim loss; detached 0-dim stats over this call's response tokens:
         ``clip_frac``, ``dual_clip_frac``, ``approx_kl`` (k3 estimate of KL(π_prox‖π_θ)),
-        ``approx_kl_k2`` (½(Δ log p)²), ``ratio_mean/max/min``, ``behav_weight_mean/max`` (raw,
-        before capping; 1 without behaviour log-probs), ``behav_masked_frac`` (fraction above
-        the cap: dropped in ``"mask"`` mode, truncated in ``"cap"`` mode).
+        ``approx_kl_k2`` (½(Δ log p)²), ``ratio_mean/max/min``, ``behav_weight_mean/max/min``
+        (raw, before truncation or masking; 1 without behaviour log-probs), ``behav_ess`` (their
+        normalised effective sample size), ``behav_masked_frac`` (fraction outside the bounds:
+        dropped in ``"mask"`` mode, truncated in ``"cap"`` mode, or vetoed).
     """
     if importance_level not in IMPORTANCE_LEVELS:
         raise ValueError(
@@ -163,6 +207,8 @@ def ppo_policy_loss(
             cap=behaviour_cap,
             mask_mode=behaviour_mask_mode,
             level=behaviour_level,
+            cap_low=behaviour_cap_low,
+            veto=behaviour_veto,
         )
     token_loss = token_loss * weights
 
@@ -182,6 +228,8 @@ def ppo_policy_loss(
             "ratio_min": masked_min(ratio, mask),
             "behav_weight_mean": masked_mean(raw_weights, mask),
             "behav_weight_max": masked_max(raw_weights, mask),
+            "behav_weight_min": masked_min(raw_weights, mask),
+            "behav_ess": effective_sample_size(raw_weights, mask),
             "behav_masked_frac": masked_mean(exceeded.float(), mask),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
@@ -194,15 +242,19 @@ def loglinear_alpha(
     proximal_version: float | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """Per-token interpolation weight α of ``loglinear_proximal_logprobs``.
+    """Per-token interpolation weight α of ``loglinear_proximal_logprobs`` (AReaL's formula).
 
     With ``v_b = versions`` (the weight version that generated each token; < 0 for tokens not
-    generated, e.g. prompt), ``v_θ = current_version`` and ``v_prox = proximal_version``
-    (default ``v_θ - 1``, AReaL's convention)::
+    generated, e.g. prompt), ``v_θ = current_version`` (the version the update being computed
+    produces: the learner's version + 1) and ``v_prox = proximal_version`` (default ``v_θ - 1``:
+    the learner's weights at the start of the update)::
 
         α = clamp((v_prox - v_b) / (v_θ - v_b), 0, 1)   if 0 <= v_b < v_θ
-        α = 1                                           if v_b >= v_θ  (made by π_θ's version)
-        α = 0                                           if v_b < 0     (not generated)
+        α = 0                                           otherwise (not generated)
+
+    A token generated by the proximal weights themselves (``v_b = v_prox``, on-policy) gets
+    α = 0, so π_prox = π_behav there and the clip ratio π_θ / π_behav keeps clipping in every
+    minibatch of the update, as recomputing π_prox would.
 
     Returns:
         ``[batch, tokens]`` α of ``dtype``.
@@ -210,10 +262,9 @@ def loglinear_alpha(
     v_theta = float(current_version)
     v_prox = v_theta - 1.0 if proximal_version is None else float(proximal_version)
     v_b = versions.to(torch.float64)
-    stale = (v_b >= 0) & (v_b < v_theta)
-    gap = torch.where(stale, v_theta - v_b, 1.0)
-    alpha = torch.where(stale, ((v_prox - v_b) / gap).clamp(0.0, 1.0), 0.0)
-    alpha = torch.where(v_b >= v_theta, 1.0, alpha)
+    generated = (v_b >= 0) & (v_b < v_theta)
+    gap = torch.where(generated, v_theta - v_b, 1.0)
+    alpha = torch.where(generated, ((v_prox - v_b) / gap).clamp(0.0, 1.0), 0.0)
     return alpha.to(dtype)
 
 
@@ -234,15 +285,13 @@ def loglinear_proximal_logprobs(
 
     ``current_logprobs`` is detached (π_prox is a constant of the loss). Tokens from the
     proximal version itself get α = 0 (π_prox = π_behav exactly); very stale tokens get α → 1
-    (π_prox ≈ π_θ). Tokens generated by the current version get α = 1, so their clip ratio is 1
-    and any train/inference mismatch goes into the (capped) behaviour weight instead; AReaL's
-    code uses α = 0 there, which differs only by that mismatch.
+    (π_prox ≈ π_θ).
 
     Args:
         behaviour_logprobs: ``[batch, tokens]`` log π_behav (from the rollout).
         current_logprobs: ``[batch, tokens]`` log π_θ from the training forward pass.
         versions: ``[batch, tokens]`` int, generating version per token (< 0 = not generated).
-        current_version: ``v_θ``, the version label of the policy being optimised.
+        current_version: ``v_θ``, the version the update produces (learner version + 1).
         proximal_version: ``v_prox``; default ``current_version - 1``.
     Returns:
         ``[batch, tokens]`` approximate proximal log-probs (no gradient).

@@ -25,6 +25,10 @@ class Trajectory:
     ``loss_mask`` is 1 on tokens the policy generated and 0 on prompt and tool tokens.
     ``logprobs`` are the behaviour policy's (the engine's) logprobs, 0 where ``loss_mask`` is 0.
     ``versions`` are the weight versions that generated each token, -1 where not generated.
+    ``call_lengths`` are the tokens each generation call with its own ``max_new_tokens`` budget
+    generated, in order (an OpenAI-shaped agent's completion calls); None = the row's generated
+    tokens share one budget (single-turn RLVR, the tagged-tool agent). DAPO's overlong penalty
+    compares each call with the budget, not the row's total.
     """
 
     input_ids: list[int]
@@ -34,12 +38,15 @@ class Trajectory:
     reward: float
     prompt_len: int
     metadata: dict[str, Any] = field(default_factory=dict)
+    call_lengths: list[int] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
         assert len(self.loss_mask) == len(self.logprobs) == len(self.versions) == n, (
             "ragged trajectory"
         )
+        if self.call_lengths is not None:
+            assert sum(self.call_lengths) == self.n_generated, "call_lengths != generated tokens"
 
     @property
     def n_generated(self) -> int:

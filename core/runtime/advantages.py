@@ -29,18 +29,36 @@ from core.algorithms import (
 from core.training.batch import TrainBatch
 
 
+def overlong_penalties(
+    batch: TrainBatch, algo: AlgorithmConfig, max_new_tokens: int
+) -> torch.Tensor:
+    """``[N]`` DAPO's soft overlong penalty per row (0 when off): the sum over the row's
+    generation calls of the penalty of each call's length (the batch field ``budget_lengths``;
+    without it the row is one call), so an agent's conversation of short calls is not punished
+    for its total length."""
+    if not algo.overlong_reward_penalty:
+        return torch.zeros(len(batch))
+    lengths = batch.fields.get("budget_lengths")
+    if lengths is None:
+        lengths = torch.zeros_like(batch.loss_mask)
+        lengths[:, 0] = batch.loss_mask.sum(dim=1)
+    max_len = algo.overlong_max_len or max_new_tokens
+    penalty = overlong_penalty(
+        lengths.flatten(), max_len, algo.overlong_buffer_len, algo.overlong_penalty_factor
+    ).view_as(lengths)
+    return torch.where(lengths > 0, penalty, 0.0).sum(dim=1)
+
+
 def shaped_rewards(batch: TrainBatch, algo: AlgorithmConfig, max_new_tokens: int) -> torch.Tensor:
-    """``[N]`` rewards after bias/scale/clip and DAPO's overlong penalty."""
-    rewards = shape_rewards(
-        batch.rewards, bias=algo.reward_bias, scale=algo.reward_scale, clip=algo.reward_clip
+    """``[N]`` rewards plus DAPO's overlong penalty, then bias/scale/clip (AReaL's order: the
+    penalty is part of the reward that gets shaped)."""
+    return _shape(batch.rewards + overlong_penalties(batch, algo, max_new_tokens), algo)
+
+
+def _shape(rewards: torch.Tensor, algo: AlgorithmConfig) -> torch.Tensor:
+    return shape_rewards(
+        rewards, bias=algo.reward_bias, scale=algo.reward_scale, clip=algo.reward_clip
     )
-    if algo.overlong_reward_penalty:
-        lengths = batch.loss_mask.sum(dim=1)
-        max_len = algo.overlong_max_len or max_new_tokens
-        rewards = rewards + overlong_penalty(
-            lengths, max_len, algo.overlong_buffer_len, algo.overlong_penalty_factor
-        )
-    return rewards
 
 
 def with_advantages(
@@ -83,7 +101,7 @@ def with_advantages(
         if estimator == "reinforce_pp_baseline":
             # REINFORCE++-baseline: each row's last-token reward minus its group's mean episode
             # score (with one row per episode, the mean of the group's Σ_t r_t).
-            scores, episode = _episode_scores(batch, algo, rewards, token_rewards)
+            scores, episode = _episode_scores(batch, algo, rewards, token_rewards, max_new_tokens)
             group_mean = scores.reshape(-1, algo.group_size).mean(dim=-1)
             baseline = group_mean.repeat_interleave(algo.group_size)[episode]
             if source.dim() == 1:
@@ -94,7 +112,7 @@ def with_advantages(
     else:
         # Outcome estimators score a sequence: with KL in the reward that is the outcome minus
         # β·Σ_t KL_t, the sum of the sequence's token rewards (as verl's GRPO and RLOO do).
-        scores, episode = _episode_scores(batch, algo, rewards, token_rewards)
+        scores, episode = _episode_scores(batch, algo, rewards, token_rewards, max_new_tokens)
         advantage = {
             "grpo": lambda r: grpo_advantages(r, algo.group_size, normalize_std=algo.normalize_std),
             "rloo": lambda r: rloo_advantages(r, algo.group_size),
@@ -108,22 +126,22 @@ def _episode_scores(
     algo: AlgorithmConfig,
     rewards: torch.Tensor,
     token_rewards: torch.Tensor | None,
+    max_new_tokens: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``([E], [N])``: each episode's score and each row's episode (numbered from 0 in batch
-    order). The score is the episode's shaped reward plus every row's own terms: the overlong
-    penalty in ``rewards`` and, with KL in the reward, ``-β·Σ_t KL_t`` of ``token_rewards``. A
-    row that generated nothing adds nothing (its ``token_rewards`` are all 0)."""
+    order). The score is the shaped sum of the episode's reward and its rows' overlong penalties
+    plus, with KL in the reward, ``-β·Σ_t KL_t`` of every row's ``token_rewards``. A row that
+    generated nothing adds nothing (its ``token_rewards`` are all 0)."""
     mask = batch.loss_mask
-    base = shape_rewards(
-        batch.rewards, bias=algo.reward_bias, scale=algo.reward_scale, clip=algo.reward_clip
-    )
-    extra = rewards - base  # the overlong penalty, per row
-    if token_rewards is not None:  # Σ_t of the row's token rewards is its reward minus its KL
-        extra = token_rewards.sum(dim=1) - torch.where(mask.sum(1) > 0, base, 0.0)
     episode = batch.fields.get("episode")
     if episode is None:  # one row per episode
         episode = torch.arange(len(batch))
     episode = episode.long()
     first = torch.ones(len(batch), dtype=torch.bool)
     first[1:] = episode[1:] != episode[:-1]  # an episode's rows are consecutive
-    return base[first].index_add(0, episode, extra), episode
+    penalty = overlong_penalties(batch, algo, max_new_tokens)
+    scores = _shape(batch.rewards[first].index_add(0, episode, penalty), algo)
+    if token_rewards is not None:  # Σ_t of a row's token rewards is its reward minus its KL
+        kl = token_rewards.sum(dim=1) - torch.where(mask.sum(1) > 0, rewards, 0.0)
+        scores = scores.index_add(0, episode, kl)
+    return scores, episode

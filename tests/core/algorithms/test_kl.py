@@ -55,3 +55,13 @@ def test_k3_gradient_matches_analytic():
     kl_penalty(logprobs, ref, "k3").sum().backward()
     # d/dlogp [(e^{ref-logp} - 1) - (ref - logp)] = 1 - e^{ref-logp}
     assert torch.allclose(logprobs.grad, 1 - torch.exp(ref - logprobs.detach()))
+
+
+def test_k3_is_bounded_as_verl_bounds_it():
+    """Issue 32 #6: one token 30 nats below the reference made k3 = e^30 (a loss of 1e13)."""
+    logprobs = torch.tensor([-31.0, -1.0, -1.0], requires_grad=True)
+    ref = torch.tensor([-1.0, -31.0, -1.0])  # log r = 30, -30, 0
+    k3 = kl_penalty(logprobs, ref, "k3")
+    assert k3.tolist() == pytest.approx([10.0, 10.0, 0.0])  # -30 would give 29: capped at 10
+    k3.sum().backward()
+    assert torch.isfinite(logprobs.grad).all()

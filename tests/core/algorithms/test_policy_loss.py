@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from core.algorithms import (
     AGGREGATION_MODES,
+    behaviour_weights,
     global_normalizer,
     loglinear_alpha,
     loglinear_proximal_logprobs,
@@ -50,7 +51,7 @@ def _loss(logprobs, *args, **kwargs):
 def reference_loss(
     logprobs, prox, adv, mask, behav=None, *, eps_low=0.2, eps_high=None, dual_clip=None,
     importance_level="token", cap=None, cap_mode="cap", behaviour_level="token",
-    aggregation="token-mean", norm_constant=None,
+    cap_low=None, veto=None, aggregation="token-mean", norm_constant=None,
 ):  # fmt: skip
     """PPO (1707.06347) / decoupled PPO (2505.24298 eq. 5) / dual clip (1912.09729) / GSPO-token
     (2507.18071 eq. 12) written as loops; aggregation as verl's agg_loss with empty rows skipped."""
@@ -65,8 +66,13 @@ def reference_loss(
             s_i = math.exp(
                 sum(float(logprobs[i, t].detach() - prox[i, t]) for t in valid) / len(valid)
             )
-        if behav is not None and behaviour_level == "sequence":
-            w_seq = math.exp(sum(float(prox[i, t] - behav[i, t]) for t in valid) / len(valid))
+        if behav is not None:
+            log_ws = [float(prox[i, t] - behav[i, t]) for t in valid]
+            w_seq = {
+                "sequence": math.exp(sum(log_ws)),
+                "geometric": math.exp(sum(log_ws) / len(valid)),
+            }.get(behaviour_level)
+            vetoed = veto is not None and min(math.exp(x) for x in log_ws) < veto
         losses = []
         for t in valid:
             if importance_level == "token":
@@ -80,10 +86,14 @@ def reference_loss(
                 loss = torch.minimum(loss, torch.tensor(dual_clip * -a, dtype=loss.dtype))
             if behav is not None:
                 w = math.exp(float(prox[i, t] - behav[i, t]))
-                if behaviour_level == "sequence":
+                if w_seq is not None:
                     w = w_seq
                 if cap is not None and w > cap:
                     w = cap if cap_mode == "cap" else 0.0
+                if cap_low is not None and w < cap_low:
+                    w = 0.0
+                if vetoed:
+                    w = 0.0
                 loss = loss * w
             losses.append(loss)
         n_tokens += len(losses)
@@ -172,16 +182,51 @@ def test_behaviour_weight_cap_and_mask_hand_case():
     assert torch.allclose(grad, torch.tensor([[-1.0, 0.0]]))
 
 
-def test_sequence_level_behaviour_mask_drops_whole_rows():
+def test_geometric_level_behaviour_mask_drops_whole_rows():
     prox = torch.zeros(2, 2) - 1.0
     behav = prox - torch.log(torch.tensor([[1.0, 16.0], [2.0, 2.0]]))  # geo-means 4 and 2
     loss, grad, stats = _loss(
         prox, prox, torch.ones(2, 2), torch.ones(2, 2), behaviour_logprobs=behav,
-        behaviour_cap=3.0, behaviour_mask_mode="mask", behaviour_level="sequence",
+        behaviour_cap=3.0, behaviour_mask_mode="mask", behaviour_level="geometric",
     )  # fmt: skip
     assert loss.item() == pytest.approx(-(2.0 + 2.0) / 4)
     assert torch.allclose(grad, torch.tensor([[0.0, 0.0], [-0.5, -0.5]]))
     assert stats["behav_masked_frac"].item() == 0.5
+
+
+def test_rollout_corrections_hand_case():
+    """Truncated/masked IS at token, sequence (product) and geometric level, the lower bound,
+    the veto, and their statistics (issue 32: rollout corrections)."""
+    prox = torch.zeros(2, 2) - 1.0
+    behav = prox - torch.log(torch.tensor([[2.0, 2.0], [0.25, 1.0]]))  # token weights
+    ones = torch.ones(2, 2)
+
+    def weights(**kw):
+        w, raw, excluded = behaviour_weights(prox, behav, ones, **kw)
+        return w.flatten().tolist(), raw.flatten().tolist(), excluded.flatten().tolist()
+
+    w, raw, _ = weights(level="sequence", cap=3.0)  # products 4 and 1/4
+    assert raw == pytest.approx([4.0, 4.0, 0.25, 0.25]) and w[:2] == [3.0, 3.0]
+    w, raw, _ = weights(level="geometric")  # geometric means 2 and 1/2
+    assert raw == pytest.approx([2.0, 2.0, 0.5, 0.5])
+    w, _, excluded = weights(level="token", mask_mode="mask", cap=3.0, cap_low=0.5)
+    assert w == pytest.approx([2.0, 2.0, 0.0, 1.0]) and excluded == [False, False, True, False]
+    w, _, excluded = weights(level="token", veto=0.5)  # row 2 has a token at 1/4
+    assert w == pytest.approx([2.0, 2.0, 0.0, 0.0]) and excluded == [False, False, True, True]
+    with pytest.raises(ValueError, match="cap_low"):
+        weights(cap_low=0.5)  # cap mode has no lower bound
+    _, _, stats = _loss(prox, prox, ones, ones, behaviour_logprobs=behav)
+    assert stats["behav_weight_min"].item() == pytest.approx(0.25)
+    # ESS of weights 2, 2, 1/4, 1: (5.25)² / (4 · 9.0625)
+    assert stats["behav_ess"].item() == pytest.approx(5.25**2 / (4 * 9.0625))
+
+
+def test_a_huge_sequence_weight_stays_finite():
+    prox = torch.zeros(1, 40)
+    behav = prox - 2.0  # product e^80: clamped to e^20
+    w, raw, _ = behaviour_weights(prox, behav, torch.ones(1, 40), level="sequence", cap=5.0)
+    assert torch.isfinite(raw).all() and raw.max().item() == pytest.approx(math.exp(20))
+    assert w.max().item() == 5.0
 
 
 def test_gspo_sequence_ratio_is_geometric_mean():
@@ -271,7 +316,7 @@ def test_decoupled_equals_plain_ppo_when_behaviour_is_proximal(
     logprobs, prox, adv, mask, _ = _case(seed, batch, tokens)
     kw = dict(importance_level=importance_level, dual_clip=dual_clip, aggregation=aggregation)
     plain, plain_grad, _ = _loss(logprobs, prox, adv, mask, **kw)
-    for level in ("token", "sequence"):
+    for level in ("token", "sequence", "geometric"):
         for mode in ("cap", "mask"):
             loss, grad, stats = _loss(
                 logprobs, prox, adv, mask, behaviour_logprobs=prox.clone(), behaviour_cap=1.5,
@@ -292,24 +337,28 @@ def test_decoupled_equals_plain_ppo_when_behaviour_is_proximal(
     decoupled=st.booleans(),
     cap=st.sampled_from([None, 1.3]),
     cap_mode=st.sampled_from(["cap", "mask"]),
-    behaviour_level=st.sampled_from(["token", "sequence"]),
+    behaviour_level=st.sampled_from(["token", "sequence", "geometric"]),
+    cap_low=st.sampled_from([None, 0.8]),
+    veto=st.sampled_from([None, 0.5]),
     aggregation=st.sampled_from(AGGREGATION_MODES),
 )
 def test_matches_reference(
     seed, batch, tokens, eps_high, dual_clip, importance_level, decoupled, cap, cap_mode,
-    behaviour_level, aggregation,
+    behaviour_level, cap_low, veto, aggregation,
 ):  # fmt: skip
     logprobs, prox, adv, mask, behav = _case(seed, batch, tokens, behaviour=decoupled)
     kw = dict(eps_clip_high=eps_high, dual_clip=dual_clip, importance_level=importance_level,
               aggregation=aggregation)  # fmt: skip
-    bkw = dict(behaviour_cap=cap, behaviour_mask_mode=cap_mode, behaviour_level=behaviour_level)
+    cap_low = cap_low if cap_mode == "mask" else None
+    bkw = dict(behaviour_cap=cap, behaviour_mask_mode=cap_mode, behaviour_level=behaviour_level,
+               behaviour_cap_low=cap_low, behaviour_veto=veto)  # fmt: skip
     loss, grad, _ = _loss(logprobs, prox, adv, mask, behaviour_logprobs=behav, **kw, **bkw)
 
     leaf = logprobs.clone().requires_grad_(True)
     expected = reference_loss(
         leaf, prox, adv, mask, behav, eps_high=eps_high, dual_clip=dual_clip,
         importance_level=importance_level, cap=cap, cap_mode=cap_mode,
-        behaviour_level=behaviour_level, aggregation=aggregation,
+        behaviour_level=behaviour_level, cap_low=cap_low, veto=veto, aggregation=aggregation,
     )  # fmt: skip
     expected.backward()
     expected_grad = torch.zeros_like(logprobs) if leaf.grad is None else leaf.grad
@@ -387,12 +436,30 @@ def test_micro_batch_split_invariance(
 def test_loglinear_alpha_hand_cases():
     versions = torch.tensor([[-1, 7, 8, 9, 10, 11, 5]])
     alpha = loglinear_alpha(versions, current_version=10)  # v_prox = 9
-    # prompt 0; (9-7)/(10-7)=2/3; (9-8)/2=1/2; from v_prox itself 0; current version 1;
-    # newer than current 1; (9-5)/(10-5)=4/5.
-    expected = torch.tensor([[0.0, 2 / 3, 1 / 2, 0.0, 1.0, 1.0, 4 / 5]])
+    # prompt 0; (9-7)/(10-7)=2/3; (9-8)/2=1/2; from v_prox itself 0; v_θ and newer: not
+    # generated by any weights before the update, 0; (9-5)/(10-5)=4/5.
+    expected = torch.tensor([[0.0, 2 / 3, 1 / 2, 0.0, 0.0, 0.0, 4 / 5]])
     assert torch.allclose(alpha, expected)
     alpha = loglinear_alpha(torch.tensor([[6, 8]]), current_version=9, proximal_version=8)
     assert torch.allclose(alpha, torch.tensor([[2 / 3, 0.0]]))
+
+
+def test_loglinear_proximal_keeps_clipping_on_policy_tokens():
+    """Issue 32 #1: tokens generated by the proximal weights (v_b = v_prox) must get π_prox =
+    π_behav, so a policy that moved (θ = behav + 1, a later minibatch) is clipped. With α = 1
+    there π_prox was the detached training log-prob: ratio 1, nothing clipped."""
+    behav = torch.full((2, 4), -2.0, dtype=torch.float64)
+    logprobs = (behav + 1.0).requires_grad_(True)
+    versions = torch.full((2, 4), 3)  # generated at the learner's version at the update's start
+    prox = loglinear_proximal_logprobs(behav, logprobs, versions, 4, proximal_version=3)
+    assert torch.equal(prox, behav)
+    adv = torch.ones(2, 4, dtype=torch.float64)
+    mask = torch.ones(2, 4)
+    loss, stats = ppo_policy_loss(logprobs, prox, adv, mask, behaviour_logprobs=behav)
+    assert stats["clip_frac"].item() == 1.0
+    assert stats["ratio_mean"].item() == pytest.approx(math.e)
+    loss.backward()
+    assert logprobs.grad.abs().max().item() == 0.0  # clipped at 1 + ε: no gradient
 
 
 @FAST
@@ -409,10 +476,8 @@ def test_loglinear_proximal_formula(seed, current, stale):
     for v, b, c, p in zip(versions.flatten(), behav.flatten(), cur.flatten(), prox.flatten(),
                           strict=True):  # fmt: skip
         v = int(v)
-        if v < 0:
+        if v < 0 or v >= current:
             alpha = 0.0
-        elif v >= current:
-            alpha = 1.0
         else:
             alpha = min(max((current - 1 - v) / (current - v), 0.0), 1.0)
         assert p.item() == pytest.approx(b.item() + alpha * (c.item() - b.item()), abs=1e-12)

@@ -13,7 +13,7 @@ from core.algorithms import (
     rloo_advantages,
 )
 from core.rollout.api import Group, Trajectory
-from core.runtime.advantages import with_advantages
+from core.runtime.advantages import shaped_rewards, with_advantages
 from core.runtime.trainer import to_batch
 from core.training import collate
 
@@ -55,7 +55,9 @@ def test_kl_in_the_reward_changes_every_estimators_advantages(preset: str) -> No
 @pytest.mark.parametrize("estimator", ["grpo", "rloo"])
 def test_outcome_estimators_score_outcome_minus_the_summed_kl(estimator: str) -> None:
     batch, ref = _batch(1)
-    algo = algorithm_config(estimator, group_size=G, kl_in_reward_coef=0.5, kl_estimator="k1")
+    algo = algorithm_config(
+        estimator, group_size=G, kl_in_reward_coef=0.5, kl_estimator="k1", kl_coef=0.0
+    )
     got = with_advantages(batch, algo, max_new_tokens=8, ref_logprobs=ref)["advantages"]
     kl = kl_penalty(batch.behaviour_logprobs, ref, "k1") * batch.loss_mask
     scores = batch.rewards - 0.5 * kl.sum(dim=1)
@@ -104,7 +106,9 @@ def test_an_episode_trained_per_turn_gets_its_conversations_advantage(
     )  # fmt: skip
     assert turns["episode"].tolist() == [e for e in range(2 * G) for _ in range(2)]
     assert turns["group"].tolist() == [0] * 2 * G + [1] * 2 * G
-    algo = algorithm_config(estimator, group_size=G, kl_in_reward_coef=kl, kl_estimator="k1")
+    algo = algorithm_config(
+        estimator, group_size=G, kl_in_reward_coef=kl, kl_estimator="k1", kl_coef=0.0
+    )
     whole = with_advantages(
         conversations, algo, max_new_tokens=8, ref_logprobs=_reference(conversations)
     )
@@ -135,3 +139,42 @@ def test_reinforce_pp_baseline_subtracts_the_groups_mean_episode_score() -> None
     got = with_advantages(turns, algo, max_new_tokens=8)["advantages"]
     centred = turns.rewards - 0.5
     torch.testing.assert_close(got, reinforce_pp_advantages(centred, turns.loss_mask))
+
+
+def _agent_row(call_lengths: list[int], reward: float = 1.0) -> Trajectory:
+    """A conversation row: each call's tokens generated, a 2-token tool turn between calls."""
+    ids, mask = [1, 2], [0, 0]
+    for n in call_lengths:
+        ids += [7] * n + [3, 4]
+        mask += [1] * n + [0, 0]
+    return Trajectory(ids, mask, [-0.5 * m for m in mask], [0 if m else -1 for m in mask],
+                      reward, prompt_len=2, call_lengths=list(call_lengths))  # fmt: skip
+
+
+def test_the_overlong_penalty_counts_each_call_not_the_conversation() -> None:
+    """Issue 32 #4: three 30-token calls under a 48-token per-call budget were punished in
+    full (90 > 48); each call is inside the budget's free zone, so nothing is taken now. A
+    call in the soft zone costs its share, the same for a conversation row and per-turn rows."""
+    algo = algorithm_config(
+        "dapo", group_size=2, overlong_buffer_len=16, dynamic_sampling=False
+    )  # free up to 48 - 16 = 32 tokens a call
+    short = to_batch([Group("p", [_agent_row([30, 30, 30]), _agent_row([30, 30, 30], 0.0)], 0)], 0)
+    assert shaped_rewards(short, algo, 48).tolist() == [1.0, 0.0]
+    soft = to_batch([Group("p", [_agent_row([30, 40]), _agent_row([10], 0.0)], 0)], 0)
+    assert shaped_rewards(soft, algo, 48).tolist() == pytest.approx([1.0 - 8 / 16, 0.0])
+    # the same episode as two per-turn rows: the episode pays the same penalty
+    calls = [_agent_row([30]), _agent_row([40])]
+    turns = to_batch([Group.of_episodes("p", [calls, [_agent_row([10], 0.0)]], 0)], 0)
+    whole = with_advantages(soft, algo, max_new_tokens=48)["advantages"]
+    split = with_advantages(turns, algo, max_new_tokens=48)["advantages"]
+    assert whole[0].max() == pytest.approx(split[0].max()) and whole[0].max() > 0
+
+
+def test_the_overlong_penalty_is_shaped_with_the_reward() -> None:
+    """Issue 32 #7 (AReaL's order): clip(reward + penalty), not clip(reward) + penalty."""
+    algo = algorithm_config(
+        "dapo", group_size=2, overlong_buffer_len=4, reward_clip=0.5, dynamic_sampling=False
+    )
+    batch = to_batch([Group("p", [_agent_row([9], 1.0), _agent_row([9], 0.0)], 0)], 0)
+    # 9 tokens > 8: penalty -1. reward 1 → clip(0) = 0 (was 0.5 - 1); reward 0 → clip(-1) = -0.5
+    assert shaped_rewards(batch, algo, 8).tolist() == [0.0, -0.5]
