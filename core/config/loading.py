@@ -202,6 +202,7 @@ POSITIVE = (
     "scheduler.rollout_cpus", "checkpoint.keep_last", "cluster.lock_stale_s",
     "rollout.stall_warn_s", "rollout.stall_timeout_s", "rollout.reward_timeout_s",
     "model.lora_alpha", "rollout.n_servers", "scheduler.server_cpus",
+    "learner.mismatch_tolerance",
 )  # fmt: skip
 NON_NEGATIVE = (
     "rollout.max_staleness", "rollout.top_k", "rollout.tool_latency_s", "learner.total_steps",
@@ -211,7 +212,10 @@ NON_NEGATIVE = (
     "data.n_train", "data.n_test", "cluster.n_gpus_per_node", "data.max_prompt_tokens",
     "rollout.reward_workers", "rollout.max_filtered_in_a_row", "model.lora_rank",
 )  # fmt: skip
-FRACTIONS = ("sft.min_lr_ratio", "rollout.max_failure_rate", "data.test_ratio")  # in [0, 1]
+FRACTIONS = (  # in [0, 1] (None allowed where the field is optional)
+    "sft.min_lr_ratio", "rollout.max_failure_rate", "data.test_ratio",
+    "learner.mismatch_warn_frac",
+)  # fmt: skip
 
 
 def validate(config: Config) -> None:
@@ -230,7 +234,7 @@ def validate(config: Config) -> None:
         if select(config, key) < 0:
             raise ConfigError(f"{key} must be >= 0, got {select(config, key)}")
     for key in FRACTIONS:
-        if not 0 <= select(config, key) <= 1:
+        if select(config, key) is not None and not 0 <= select(config, key) <= 1:
             raise ConfigError(f"{key} must be in [0, 1], got {select(config, key)}")
     for problem in template_problems(config.data.template):
         raise ConfigError(problem)

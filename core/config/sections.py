@@ -421,6 +421,18 @@ class LearnerConfig:
         "RL only; off under pack_sequences, and the critic stays padded.",
     )
     total_steps: int = documented(40, "RL training steps (weight versions).")
+    mismatch_tolerance: float = documented(
+        1e-3,
+        "Train/inference mismatch check: a trained token generated at the learner's version "
+        "counts as mismatched when |log π_learner - log π_engine| exceeds this "
+        "(core/training/mismatch.py; measured on CPU fp32: at most ~1e-5). Low-precision "
+        "engines on GPU need a larger value.",
+    )
+    mismatch_warn_frac: float | None = documented(
+        0.01,
+        "Warn, naming the worst sample and position, when more than this share of the checked "
+        "tokens of a step is mismatched; None = never warn (the metrics are logged anyway).",
+    )
 
 
 @dataclass

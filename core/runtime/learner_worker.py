@@ -39,6 +39,7 @@ from core.training import (
     is_main,
     shard_rows,
 )
+from core.training.mismatch import MismatchMonitor
 
 logger = logging.getLogger(__name__)
 
@@ -138,11 +139,23 @@ class LearnerWorker:
         if a.kl_coef > 0:
             extra["ref_logprobs"] = self.policy.compute_reference_logprobs(shard)
         shard = shard.with_fields(**extra)
-        loss = PolicyLoss(a, current_version=self.policy.version, proximal_is_current=one_step)
+        # The mismatch check needs the learner's exact log-probs under the starting weights:
+        # the recomputed π_prox, or the training pass of a one-step update.
+        exact = one_step or "proximal_logprobs" in extra
+        monitor = (
+            MismatchMonitor(self.policy.version, self.config.learner.mismatch_tolerance)
+            if exact
+            else None
+        )
+        loss = PolicyLoss(
+            a, proximal_version=self.policy.version, proximal_is_current=one_step, mismatch=monitor
+        )
         steps = self.policy.update(
             shard, loss, n_minibatches=a.ppo_n_minibatches, group_size=a.group_size
         )
         stats = _mean_stats(steps, prefix="actor/")
+        if monitor is not None:
+            stats.update(self._mismatch_stats(monitor))
         if self.critic is not None:
             critic_loss = ValueLoss(
                 value_clip=a.value_clip,
@@ -155,6 +168,20 @@ class LearnerWorker:
             stats.update(_mean_stats(critic_steps, prefix="critic/"))
         stats["version"] = float(self.policy.version)
         return stats
+
+    def _mismatch_stats(self, monitor: MismatchMonitor) -> dict[str, float]:
+        """The update's ``mismatch/…`` metrics over every rank, and where the worst token was
+        (``mismatch/worst_*``: its row in the driver's batch, position, log-probs, version)."""
+        if self.world_size > 1:
+            monitors: list[Any] = [None] * self.world_size
+            torch.distributed.all_gather_object(monitors, monitor)
+            monitor = monitors[0]
+            for other in monitors[1:]:
+                monitor.merge(other)
+        summary = monitor.summary()
+        worst = summary.pop("worst")
+        summary.update({f"mismatch/worst_{k}": float(v) for k, v in vars(worst).items()})
+        return summary
 
     def sft_step(self, batch: TrainBatch) -> dict[str, float]:
         return self.policy.train_step(self._shard(batch, group_size=1), SFTLoss())

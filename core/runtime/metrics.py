@@ -5,10 +5,15 @@ tasks bind an MLflow sink to it (``tasks/``), the pipeline ``metrics.jsonl`` and
 from __future__ import annotations
 
 import json
+import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
+
+from core.rollout.api import Group
+
+logger = logging.getLogger(__name__)
 
 
 class MetricSink(Protocol):
@@ -90,3 +95,38 @@ class FanOut:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         for sink in self.sinks:
             sink.log_metrics(metrics, step)
+
+
+def mismatch_metrics(
+    stats: Mapping[str, float],
+    groups: Sequence[Group],
+    step: int,
+    *,
+    tolerance: float,
+    warn_frac: float | None,
+) -> dict[str, float]:
+    """The update's ``mismatch/…`` metrics from the learner's stats (none when the learner could
+    not check: see core/training/mismatch.py), with a warning naming the worst token's sample,
+    episode and position when more than ``warn_frac`` of the checked tokens is off by more than
+    ``tolerance``."""
+    metrics = {
+        k: float(v)
+        for k, v in stats.items()
+        if k.startswith("mismatch/") and not k.startswith("mismatch/worst_")
+    }
+    frac = metrics.get("mismatch/frac_above_tol", 0.0)
+    if warn_frac is None or frac <= warn_frac:
+        return metrics
+    row = int(stats["mismatch/worst_row"])
+    rows = [(g.sample_id, e) for g in groups for e in g.episode_of]
+    sample, episode = rows[row] if 0 <= row < len(rows) else ("?", -1)
+    logger.warning(
+        "step %d: train/inference mismatch on %.1f%% of %d tokens generated at the learner's "
+        "version (|log-prob difference| > %g); worst %.4g at sample %s, episode %d, batch row "
+        "%d, token %d (engine %.4f, learner %.4f, version %d)",
+        step, 100 * frac, int(metrics["mismatch/tokens"]), tolerance,
+        stats["mismatch/worst_abs_diff"], sample, episode, row,
+        int(stats["mismatch/worst_position"]), stats["mismatch/worst_engine_logprob"],
+        stats["mismatch/worst_learner_logprob"], int(stats["mismatch/worst_version"]),
+    )  # fmt: skip
+    return metrics

@@ -34,7 +34,7 @@ from core.rollout.api import Group
 from core.runtime.advantages import with_advantages
 from core.runtime.checkpointing import CheckpointManager
 from core.runtime.fleet import ServerFleet, launch_fleet, launches_servers, with_servers
-from core.runtime.metrics import MetricSink, rollout_metrics
+from core.runtime.metrics import MetricSink, mismatch_metrics, rollout_metrics
 from core.runtime.placement import LearnerGroup, start_learners, start_rollout
 from core.runtime.timeline import StepRecord, Timeline
 from core.runtime.weight_sync import BroadcastSync
@@ -49,7 +49,8 @@ from core.storage import (
     upload_dir,
     write_json,
 )
-from core.training import TrainBatch, collate
+from core.training import TrainBatch, budget_lengths, collate
+from core.training.mismatch import ROW_FIELD
 
 logger = logging.getLogger(__name__)
 
@@ -78,13 +79,19 @@ def to_batch(groups: list[Group], pad_id: int) -> TrainBatch:
     """Groups → one padded batch; each group's trajectories stay consecutive. Row fields
     ``group`` and ``episode`` number each row's group and episode across the batch (an episode
     may be several rows: ``rollout.trajectory_mode=per_turn``)."""
-    batch = collate([t for g in groups for t in g.trajectories], pad_id)
+    rows = [t for g in groups for t in g.trajectories]
+    batch = collate(rows, pad_id)
     group_ids, episode_ids, first = [], [], 0
     for index, g in enumerate(groups):
         group_ids += [index] * len(g.trajectories)
         episode_ids += [first + e for e in g.episode_of]
         first += g.n_episodes
-    return batch.with_fields(group=torch.tensor(group_ids), episode=torch.tensor(episode_ids))
+    return batch.with_fields(
+        group=torch.tensor(group_ids),
+        episode=torch.tensor(episode_ids),
+        budget_lengths=budget_lengths(rows, batch.width),
+        **{ROW_FIELD: torch.arange(len(rows))},  # the mismatch check names rows by it
+    )
 
 
 def _rng_state() -> dict[str, Any]:
@@ -293,6 +300,9 @@ class Trainer:
             **{k: v for k, v in stats.items() if k.startswith(("actor/", "critic/"))},
         }
         metrics.update(rollout_metrics(engine_before, rollout.call("stats"), wall))
+        learner_cfg = cfg.learner
+        metrics.update(mismatch_metrics(stats, groups, step, tolerance=learner_cfg.mismatch_tolerance,
+                                        warn_frac=learner_cfg.mismatch_warn_frac))  # fmt: skip
         if ref is not None:  # the KL that the reward paid, per token, against the reference
             kl = kl_penalty(batch.behaviour_logprobs, ref, algo.kl_estimator)
             metrics["reward/kl_in_reward"] = float(masked_mean(kl, batch.loss_mask))

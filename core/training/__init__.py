@@ -13,6 +13,7 @@
 
 from core.training.batch import (
     TrainBatch,
+    budget_lengths,
     collate,
     micro_batch_indices,
     micro_batches,
@@ -66,6 +67,7 @@ __all__ = [
     "all_reduce_max",
     "all_reduce_sum",
     "barrier",
+    "budget_lengths",
     "checkpoint_complete",
     "checkpoint_problems",
     "hf_folder_problems",

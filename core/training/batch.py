@@ -170,6 +170,22 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int) -> TrainBatch:
     )
 
 
+def budget_lengths(trajectories: Sequence[Trajectory], width: int) -> Tensor:
+    """``[N, width]``: at the last generated token of each budgeted call, the tokens that call
+    generated (``Trajectory.call_lengths``, else the row's generated tokens as one call); 0
+    elsewhere. DAPO's overlong penalty is a sum over these entries."""
+    out = torch.zeros((len(trajectories), width), dtype=torch.float32)
+    for i, traj in enumerate(trajectories):
+        generated = [t for t, m in enumerate(traj.loss_mask) if m]
+        calls = traj.call_lengths if traj.call_lengths is not None else [len(generated)]
+        end = 0
+        for n in calls:
+            end += n
+            if n:
+                out[i, generated[end - 1]] = n
+    return out
+
+
 def _check_trajectory(traj: Trajectory, index: int) -> None:
     if not traj.input_ids:
         raise ValueError(f"trajectory {index} is empty")

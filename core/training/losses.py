@@ -36,6 +36,7 @@ from core.algorithms import (
     value_loss,
 )
 from core.training.batch import TrainBatch
+from core.training.mismatch import MismatchMonitor
 
 Tensor = torch.Tensor
 LossOutput = tuple[Tensor, dict[str, Tensor]]
@@ -103,7 +104,8 @@ class PolicyLoss:
 
     Batch fields: ``advantages`` ``[N, T]``; ``proximal_logprobs`` (from
     ``Learner.compute_logprobs`` before the update) when ``config.decoupled`` and not
-    ``use_loglinear_proximal`` (which needs ``current_version`` instead); ``ref_logprobs`` when
+    ``use_loglinear_proximal`` (which needs ``proximal_version`` instead: the learner's version
+    at the start of the update, the version of the weights π_prox stands for); ``ref_logprobs`` when
     ``kl_coef > 0``. Without ``decoupled`` the behaviour log-probs are PPO's π_old.
 
     ``proximal_is_current=True`` takes π_prox from the training forward pass itself (detached)
@@ -111,17 +113,22 @@ class PolicyLoss:
     optimiser step (``ppo_n_minibatches=1``): every micro-batch is then evaluated with the
     weights of the start of the step, which is what π_prox is, and the separate no-grad forward
     pass is saved (for a model without dropout: with it the training pass is random).
+
+    ``mismatch``: fed every micro-batch's exact learner log-probs under the update's starting
+    weights (the recomputed ``proximal_logprobs``, else the training pass: give a monitor only
+    when that pass is exact, i.e. one optimiser step) to compare with the engine's.
     """
 
     config: AlgorithmConfig
-    current_version: int | None = None
+    proximal_version: int | None = None
     proximal_is_current: bool = False
+    mismatch: MismatchMonitor | None = None
 
     def __post_init__(self) -> None:
         cfg = self.config
         _check_norm_constant(cfg.loss_aggregation, cfg.loss_norm_constant, "loss_norm_constant")
-        if cfg.decoupled and cfg.use_loglinear_proximal and self.current_version is None:
-            raise ValueError("use_loglinear_proximal=True needs PolicyLoss(current_version=...)")
+        if cfg.decoupled and cfg.use_loglinear_proximal and self.proximal_version is None:
+            raise ValueError("use_loglinear_proximal=True needs PolicyLoss(proximal_version=...)")
 
     @property
     def needs_entropy(self) -> bool:
@@ -138,9 +145,14 @@ class PolicyLoss:
         if not cfg.decoupled:
             return micro.behaviour_logprobs
         if cfg.use_loglinear_proximal:
-            assert self.current_version is not None  # checked in __post_init__
+            assert self.proximal_version is not None  # checked in __post_init__
+            v_prox = self.proximal_version  # the update produces version v_prox + 1
             return loglinear_proximal_logprobs(
-                micro.behaviour_logprobs, logprobs, micro.versions, self.current_version
+                micro.behaviour_logprobs,
+                logprobs,
+                micro.versions,
+                v_prox + 1,
+                proximal_version=v_prox,
             )
         if self.proximal_is_current:
             return logprobs.detach()
@@ -163,6 +175,9 @@ class PolicyLoss:
 
     def __call__(self, micro: TrainBatch, outputs: Tensor, normalizer: float) -> LossOutput:
         cfg = self.config
+        if self.mismatch is not None:
+            exact = micro["proximal_logprobs"] if "proximal_logprobs" in micro else outputs
+            self.mismatch.add(micro, exact.detach())
         loss, stats = ppo_policy_loss(
             outputs,
             self._proximal(micro, outputs),
@@ -176,6 +191,8 @@ class PolicyLoss:
             behaviour_cap=cfg.behaviour_cap,
             behaviour_mask_mode=cfg.behaviour_mask_mode,
             behaviour_level=cfg.behaviour_level,
+            behaviour_cap_low=cfg.behaviour_cap_low,
+            behaviour_veto=cfg.behaviour_veto,
             aggregation=cfg.loss_aggregation,
             normalizer=normalizer,
             norm_constant=cfg.loss_norm_constant,

@@ -61,6 +61,7 @@ DIAGNOSTICS = (
     ("staleness/interrupted_frac", "interrupted", ".2f"),
     ("actor/behav_masked_frac", "w > cap", ".4f"),
     ("actor/behav_weight_max", "max w", ".2f"),
+    ("actor/behav_ess", "ESS", ".4f"),
     ("actor/clip_frac", "clip frac", ".4f"),
     ("actor/approx_kl", "KL(prox‖θ)", ".5f"),
 )
@@ -109,6 +110,8 @@ def run_grid(
     for variant in args.variants:
         variant_source = variant.apply(source)
         for eta in args.etas:
+            if eta == 0 and args.shared_sync and variant.name != "base":
+                continue  # compared with base's sync runs (share_sync)
             for threads in args.sync_threads if eta == 0 else [1]:
                 for seed in args.seeds:
                     row = run_setting(
@@ -131,7 +134,20 @@ def run_grid(
                         f"final window {row['final_window']}",
                         flush=True,
                     )
-    return rows
+    return share_sync(rows, args.variants) if args.shared_sync else rows
+
+
+def share_sync(rows: list[dict[str, Any]], variants: list[Variant]) -> list[dict[str, Any]]:
+    """``rows`` plus base's η = 0 runs as every other variant's sync runs (``--shared-sync``),
+    marked ``shared_from: "base"``."""
+    sync = [r for r in rows if r["variant"] == "base" and r["eta"] == 0]
+    shared = [
+        dict(r, variant=v.name, shared_from="base")
+        for v in variants
+        if v.name != "base"
+        for r in sync
+    ]
+    return rows + shared
 
 
 # ------------------------------------------------------------------------------ output
@@ -228,12 +244,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also run the grid with these overrides (repeatable)",
     )
     p.add_argument("--no-base", action="store_true", help="run only the --variant grids")
+    p.add_argument(
+        "--shared-sync",
+        action="store_true",
+        help="run η = 0 with the config as given only, and compare every variant with those "
+        "runs (for variants that change only off-policy corrections: at η = 0 their weights "
+        "are 1 up to the train/inference mismatch)",
+    )
 
     def variants(args: argparse.Namespace) -> None:
         base = [] if args.no_base else [Variant("base")]
         args.variants = base + [Variant.parse(v) for v in args.variant]
         if not args.variants:
             raise ValueError("--no-base needs at least one --variant")
+        if args.shared_sync and (args.no_base or 0 not in args.etas):
+            raise ValueError("--shared-sync needs the base grid with η = 0 (no --no-base)")
         if len({v.name for v in args.variants}) < len(args.variants):
             raise ValueError("--variant names must be distinct")
 

@@ -490,6 +490,27 @@ def test_seed_statistics_compare_accuracy_with_sync_of_the_same_variant() -> Non
     assert stale["diagnostics"]["actor/behav_masked_frac"][0] == pytest.approx(0.006)  # 2 runs
 
 
+def test_eta_accuracy_shared_sync_compares_every_variant_with_base() -> None:
+    args = eta.parse_args(["--etas", "0,4", "--seeds", "1,2", "--shared-sync", "--variant",
+                           "tis:algorithm.behaviour_mask_mode=cap"])  # fmt: skip
+    rows = [
+        _agent_row(v, e, 1, seed, 10.0) | {"variant": v, "accuracy_final": 0.5 + 0.1 * e}
+        for v, e in (("base", 0), ("base", 4), ("tis", 4))
+        for seed in (1, 2)
+    ]
+    rows = eta.share_sync(rows, args.variants)
+    shared = [r for r in rows if r.get("shared_from")]
+    assert [(r["variant"], r["eta"], r["seed"]) for r in shared] == [("tis", 0, 1), ("tis", 0, 2)]
+    entries = {(e["variant"], e["eta"]): e for e in aggregate_seeds(rows, by="variant")}
+    assert entries[("tis", 4)]["accuracy_gap_vs_sync"] == pytest.approx(0.4)
+    for bad in (
+        ["--shared-sync", "--etas", "4"],
+        ["--shared-sync", "--no-base", "--variant", "a:x.y=1"],
+    ):
+        with pytest.raises(SystemExit):
+            eta.parse_args(bad)
+
+
 @pytest.mark.e2e
 def test_eta_accuracy_runs_end_to_end(tmp_path: Path) -> None:
     """One variant at η = 0 and 1 over two RL seeds from one tiny warm start: the seeds share

@@ -91,7 +91,7 @@ def test_policy_loss_needs_its_inputs(model_dir, batch) -> None:
 
 def test_loglinear_proximal_and_plain_ppo_run(model_dir, batch) -> None:
     learner = Learner(model_dir, **ADAM, micro_batch_tokens=64)
-    loglinear = PolicyLoss(AlgorithmConfig(use_loglinear_proximal=True), current_version=1)
+    loglinear = PolicyLoss(AlgorithmConfig(use_loglinear_proximal=True), proximal_version=0)
     assert learner.train_step(batch, loglinear)["loss_tokens"] == batch.n_loss_tokens
     plain = learner.train_step(batch, PolicyLoss(AlgorithmConfig(decoupled=False)))
     assert plain["behav_weight_mean"] == 1.0  # no behaviour correction in plain PPO
@@ -166,3 +166,19 @@ def test_learner_honours_the_attention_implementation(model_dir, batch) -> None:
     torch.testing.assert_close(
         eager.compute_logprobs(batch), sdpa.compute_logprobs(batch), atol=1e-5, rtol=0
     )
+
+
+def test_loglinear_proximal_ratio_moves_in_later_minibatches(model_dir, tokenizer) -> None:
+    """Issue 32 #1: on-policy tokens (generated at the learner's version) take π_prox = π_behav,
+    so the second minibatch of an update sees the ratio the first one's step made (α = 1 there
+    had pinned it at exactly 1, and clipping never fired after the first minibatch)."""
+    batch = ppo_batch(model_dir, tokenizer, 8)
+    with torch.no_grad():
+        exact = Learner(model_dir, **ADAM, micro_batch_tokens=64).compute_logprobs(batch)
+    batch.behaviour_logprobs = torch.where(batch.loss_mask != 0, exact, 0.0)
+    batch.versions = torch.where(batch.loss_mask != 0, 0, -1)  # the learner's version 0
+    learner = Learner(model_dir, **dict(ADAM, lr=5e-2), micro_batch_tokens=64)
+    loss = PolicyLoss(AlgorithmConfig(use_loglinear_proximal=True), proximal_version=0)
+    first, second = learner.update(batch, loss, n_minibatches=2)
+    assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # θ = π_behav at the start
+    assert abs(second["ratio_mean"] - 1.0) > 1e-3 and second["clip_frac"] > 0
