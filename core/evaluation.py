@@ -92,6 +92,8 @@ async def evaluate_workflow(
     )
     slots = asyncio.Semaphore(max_concurrent)
 
+    tool_calls: list[int] = []  # per episode, where the workflow counts them (agents)
+
     async def one(sample: dict[str, Any]) -> tuple[float, str, int]:
         async with slots:
             rows = episode_rows(await greedy.run_episode(engine, sample))
@@ -99,6 +101,8 @@ async def evaluate_workflow(
             on_sample(1)
         if rows is None:  # a rejected episode scores nothing
             return 0.0, "", 0
+        if "tool_calls" in rows[-1].metadata:
+            tool_calls.append(int(rows[-1].metadata["tool_calls"]))
         completion = rows[-1].metadata.get("completion", "")
         return rows[0].reward, completion, sum(t.n_generated for t in rows)
 
@@ -116,8 +120,12 @@ async def evaluate_workflow(
         stderr=math.sqrt(max(accuracy * (1 - accuracy), 0.0) / n),
         mean_new_tokens=sum(tokens for _, _, tokens in results) / n,
         metrics={
-            name: sum(float(metric(text)) for _, text, _ in results) / n
-            for name, metric in (metrics or {}).items()
+            **{
+                name: sum(float(metric(text)) for _, text, _ in results) / n
+                for name, metric in (metrics or {}).items()
+            },
+            # the share of episodes that called a tool at least once (agents that count calls)
+            **({"tool_call_share": sum(c > 0 for c in tool_calls) / n} if tool_calls else {}),
         },
         sampled=sampled,
         examples=[

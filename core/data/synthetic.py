@@ -56,6 +56,9 @@ _STEP_TEMPLATES: dict[str, tuple[str, ...]] = {
 }
 
 
+TOOL_ANSWERS = ("worked", "result")
+
+
 @dataclass
 class SyntheticSpec:
     """Knobs of the synthetic problem generator."""
@@ -87,6 +90,13 @@ class SyntheticSpec:
         "worked answer; direct rows answer at once. For agents written against the OpenAI "
         "client (core.agents.examples:calculator_agent, data.prompt_format=chat).",
     )
+    tool_answer: str = documented(
+        "worked",
+        "With openai_tool_calls, what the solved conversations answer after their calc calls: "
+        "'worked' (the worked phrasing, its arithmetic written out again) or 'result' ('#### "
+        "N', the last call's result copied: every number of the episode then comes from the "
+        "tool, so it is right whenever the calls are).",
+    )
 
     def __post_init__(self) -> None:
         self.operations = list(self.operations)
@@ -114,6 +124,10 @@ class SyntheticSpec:
             )
         if not 0.0 <= self.direct_fraction <= 1.0:
             raise ValueError(f"direct_fraction must be in [0, 1], got {self.direct_fraction}")
+        if self.tool_answer not in TOOL_ANSWERS:
+            raise ValueError(
+                f"tool_answer={self.tool_answer!r} is not one of {list(TOOL_ANSWERS)}"
+            )
         if not 1 <= self.worked_phrasings <= len(_PHRASINGS):
             raise ValueError(
                 f"worked_phrasings must be in [1, {len(_PHRASINGS)}], got {self.worked_phrasings}"
@@ -274,7 +288,9 @@ def _to_sample(
         "style": "direct" if style == "direct" else "worked",
     }
     if spec.openai_tool_calls and split == "train":
-        sample["sft_messages"] = _solved_conversation(problem, answer, style == "direct")
+        direct = style == "direct"
+        final = answer if direct or spec.tool_answer == "worked" else f"#### {problem.answer}"
+        sample["sft_messages"] = _solved_conversation(problem, final, direct)
         sample["tools"] = [CALCULATOR_TOOL]
     return sample
 

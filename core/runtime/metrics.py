@@ -97,6 +97,31 @@ class FanOut:
             sink.log_metrics(metrics, step)
 
 
+def agent_metrics(groups: Sequence[Group]) -> dict[str, float]:
+    """``agent/tool_call_share`` (episodes that called a tool at least once) and
+    ``agent/tool_calls_mean`` over the batch's episodes, where the workflow counts tool calls
+    (``tool_calls`` in the trajectory metadata: the OpenAI-shaped agents' tool loop)."""
+    calls = [
+        int(g.trajectories[rows[-1]].metadata["tool_calls"])
+        for g in groups
+        for rows in _episode_rows(g)
+        if "tool_calls" in g.trajectories[rows[-1]].metadata
+    ]
+    if not calls:
+        return {}
+    return {
+        "agent/tool_call_share": sum(c > 0 for c in calls) / len(calls),
+        "agent/tool_calls_mean": sum(calls) / len(calls),
+    }
+
+
+def _episode_rows(group: Group) -> list[list[int]]:
+    rows: dict[int, list[int]] = {}
+    for i, episode in enumerate(group.episode_of):
+        rows.setdefault(episode, []).append(i)
+    return list(rows.values())
+
+
 def mismatch_metrics(
     stats: Mapping[str, float],
     groups: Sequence[Group],

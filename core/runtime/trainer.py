@@ -34,7 +34,7 @@ from core.rollout.api import Group
 from core.runtime.advantages import with_advantages
 from core.runtime.checkpointing import CheckpointManager
 from core.runtime.fleet import ServerFleet, launch_fleet, launches_servers, with_servers
-from core.runtime.metrics import MetricSink, mismatch_metrics, rollout_metrics
+from core.runtime.metrics import MetricSink, agent_metrics, mismatch_metrics, rollout_metrics
 from core.runtime.placement import LearnerGroup, start_learners, start_rollout
 from core.runtime.timeline import StepRecord, Timeline
 from core.runtime.weight_sync import BroadcastSync
@@ -300,6 +300,7 @@ class Trainer:
             **{k: v for k, v in stats.items() if k.startswith(("actor/", "critic/"))},
         }
         metrics.update(rollout_metrics(engine_before, rollout.call("stats"), wall))
+        metrics.update(agent_metrics(groups))
         learner_cfg = cfg.learner
         metrics.update(mismatch_metrics(stats, groups, step, tolerance=learner_cfg.mismatch_tolerance,
                                         warn_frac=learner_cfg.mismatch_warn_frac))  # fmt: skip

@@ -79,3 +79,25 @@ def test_bad_agents_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="per_turn needs the agent workflow"):
         load_config(QUICKSTART, ["rollout.trajectory_mode=per_turn"])
     load_config(QUICKSTART, [*calculator, "rollout.trajectory_mode=per_turn"])  # fine
+
+
+@pytest.mark.integration
+def test_the_calculator_recipe_runs_and_reports_tool_use(tmp_path) -> None:
+    """experiments/agent_openai.yaml in a few steps: SFT on solved conversations, RL, evals; the
+    tool-call share is logged per step and per eval, and the engine's log-probs of the trained
+    tokens equal the learner's."""
+    from core.runtime.job import run_experiment
+
+    summary = run_experiment(load_config("experiments/agent_openai.yaml", [
+        f"cluster.fileroot={tmp_path}", "experiment.trial=t", "data.n_train=64", "data.n_test=8",
+        "eval.n_problems=8", "sft.steps=4", "learner.total_steps=2", "rollout.batch_size=2",
+        "algorithm.group_size=2", "eval.every_n_steps=0", "checkpoint.every_n_steps=0",
+    ]))  # fmt: skip
+    assert summary["steps"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "agent-openai" / "t" / "metrics.jsonl").open()]
+    steps = [r for r in rows if "actor/loss_tokens" in r]
+    evals = [r for r in rows if "eval/accuracy" in r]
+    assert len(steps) == 2 and len(evals) == 2
+    assert all(0 <= r["agent/tool_call_share"] <= 1 for r in steps)
+    assert all(0 <= r["eval/tool_call_share"] <= 1 for r in evals)
+    assert steps[0]["mismatch/tokens"] > 0 and all(r["mismatch/abs_max"] < 1e-4 for r in steps)

@@ -51,3 +51,20 @@ def test_direct_rows_and_plain_rows(tool_chat_tokenizer) -> None:
     assert "<tools>" in tool_chat_tokenizer.decode(example.input_ids)
     with pytest.raises(ValueError, match="data.prompt_format=chat"):
         _example(Prompter(tool_chat_tokenizer, "template", "plain"), direct)
+
+
+def test_tool_answers_copy_the_last_result() -> None:
+    """``tool_answer=result``: after its calc calls a solved conversation answers with the last
+    tool result ("#### N"), so every number of the episode comes from the tool."""
+    spec = SyntheticSpec(openai_tool_calls=True, min_steps=2, tool_answer="result")
+    rows = generate_problems(20, spec, seed=1)
+    worked = [r for r in rows if r["style"] == "worked"]
+    assert worked and all(
+        r["sft_messages"][-1]["content"] == f"#### {r['sft_messages'][-2]['content']}"
+        == "#### " + r["answer"].split("####")[-1].strip()
+        for r in worked
+    )  # fmt: skip
+    same = generate_problems(20, SyntheticSpec(openai_tool_calls=True, min_steps=2), seed=1)
+    assert [r["question"] for r in same] == [r["question"] for r in rows]  # only the answers move
+    with pytest.raises(ValueError, match="tool_answer='copy' is not one of"):
+        SyntheticSpec(tool_answer="copy")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -97,3 +98,10 @@ def servers() -> Iterator[ServerThread]:
     threads = ServerThread()
     yield threads
     threads.close()
+
+
+@pytest.fixture(scope="module")
+def http() -> Iterator[httpx.Client]:
+    """A plain HTTP client for raw requests to a test's server (SGLang-shaped bodies)."""
+    with httpx.Client(timeout=60) as client:
+        yield client

@@ -59,12 +59,6 @@ def server(model_dir: Path) -> Iterator[Any]:
         threads.close()
 
 
-@pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=60) as client:
-        yield client
-
-
 def post(http: httpx.Client, url: str, body: Any = None, raw: bytes | None = None, **kw: Any):
     if raw is not None:
         return http.post(url, content=raw, headers={"Content-Type": "application/json"}, **kw)

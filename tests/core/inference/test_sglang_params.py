@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 
@@ -35,12 +34,6 @@ def server(model_dir: Path) -> Iterator[Any]:
         yield handle
     finally:
         threads.close()
-
-
-@pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=60) as client:
-        yield client
 
 
 def generate(server, http, sampling: dict[str, Any], **body: Any) -> Any:

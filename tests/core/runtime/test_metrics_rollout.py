@@ -27,3 +27,17 @@ def test_rollout_metrics_are_the_steps_differences() -> None:
     }
     # servers: no engine counters, only what the executor knows
     assert rollout_metrics(None, {"running": 2}, wall_s=10.0) == {"rollout/groups_in_flight": 2.0}
+
+
+def test_agent_metrics_count_each_episode_once() -> None:
+    from core.rollout.api import Group, Trajectory
+    from core.runtime.metrics import agent_metrics
+
+    def row(calls: int | None) -> Trajectory:
+        meta = {} if calls is None else {"tool_calls": calls}
+        return Trajectory([1, 2], [0, 1], [0.0, -1.0], [-1, 0], 1.0, prompt_len=1, metadata=meta)
+
+    # episode 0: two per-turn rows (2 calls), episode 1: one row (0 calls)
+    group = Group.of_episodes("p", [[row(2), row(2)], [row(0)]], 0)
+    assert agent_metrics([group]) == {"agent/tool_call_share": 0.5, "agent/tool_calls_mean": 1.0}
+    assert agent_metrics([Group("q", [row(None)], 0)]) == {}  # a workflow that does not count
