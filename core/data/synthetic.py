@@ -125,9 +125,7 @@ class SyntheticSpec:
         if not 0.0 <= self.direct_fraction <= 1.0:
             raise ValueError(f"direct_fraction must be in [0, 1], got {self.direct_fraction}")
         if self.tool_answer not in TOOL_ANSWERS:
-            raise ValueError(
-                f"tool_answer={self.tool_answer!r} is not one of {list(TOOL_ANSWERS)}"
-            )
+            raise ValueError(f"tool_answer={self.tool_answer!r} is not one of {list(TOOL_ANSWERS)}")
         if not 1 <= self.worked_phrasings <= len(_PHRASINGS):
             raise ValueError(
                 f"worked_phrasings must be in [1, {len(_PHRASINGS)}], got {self.worked_phrasings}"
