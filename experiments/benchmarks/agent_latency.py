@@ -1,10 +1,12 @@
-"""Agent latency: sync vs async RL on the search agent as its tools get slower and long-tailed.
+"""Agent latency: sync vs async RL on an agent as its tools get slower and long-tailed.
 
     python experiments/benchmarks/agent_latency.py          # η ∈ {0,1,2,4,8} × 3 latencies × 3 seeds
     asyncrl bench agent_latency --etas 0,4 --seeds 1 --latencies none,2/20 learner.total_steps=3
+    asyncrl bench agent_latency --config experiments/agent_openai.yaml --target 0.35 ...
 
-The task is ``experiments/agent_search.yaml``: multi-hop questions over a generated
-encyclopedia, answered with ``search`` and ``open`` tools whose every call waits a latency drawn
+The task is ``--config``, by default ``experiments/agent_search.yaml``: multi-hop questions over
+a generated encyclopedia, answered with ``search`` and ``open`` tools whose every call waits a
+latency drawn
 from a log-normal (``rollout.tool_latency_s`` its median, ``rollout.tool_latency_p99_s`` its
 99th percentile). A latency setting ``MEDIAN/P99`` (seconds) sets both and cuts a call off at
 the P99 (``rollout.tool_timeout_s``), so about 1% of calls come back as a timeout error the
@@ -23,7 +25,11 @@ first step (once the pipeline is full: an asynchronous run's first batch waits f
 started from nothing, as a synchronous one's does), seconds per step waiting for the batch and
 training (the time split that says what bounds a setting), held-out accuracy after the same
 number of RL steps, RL seconds to reach ``--target`` accuracy (eval pauses excluded; over the
-seeds that reached it), learner busy fraction, mean and max staleness.
+seeds that reached it) and how many times sooner than the best sync setting that is (the
+headline where RL learns: set the target before the runs, e.g. halfway from the warm start to
+sync's final accuracy), learner busy fraction, mean and max staleness. The plot adds held-out
+accuracy against RL seconds per setting (mean over the seeds at each eval), the shape of the
+AReaL paper's training curves.
 
 The η > 0 runs get :data:`ASYNC_SETTINGS` on top (the settings that made asynchrony pay here;
 they matter only while generation overlaps training), then any ``--async-set KEY=VALUE``
@@ -127,14 +133,40 @@ class Latency:
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per (latency, setting) over its seeds, compared with the best sync setting of
-    the same latency (see ``aggregate_seeds``)."""
-    return aggregate_seeds(rows, by="latency")
+    the same latency (see ``aggregate_seeds``), with ``ttt_speedup_vs_sync``: the best sync
+    setting's mean RL seconds to the target over this setting's (None unless both reached it in
+    every seed), and ``curve``: accuracy against RL seconds, averaged over the seeds."""
+    entries = aggregate_seeds(rows, by="latency")
+    by_key = {(e["latency"], e["setting"]): e for e in entries}
+    for e in entries:
+        sync = by_key[(e["latency"], e["best_sync"])]
+        reached = all(x["target_hits"] == len(x["seeds"]) for x in (e, sync))
+        e["ttt_speedup_vs_sync"] = (
+            sync["time_to_target_s"] / e["time_to_target_s"]
+            if reached and e["time_to_target_s"]
+            else None
+        )
+        runs = [r for r in rows if (r["latency"], r["setting"]) == (e["latency"], e["setting"])]
+        e["curve"] = mean_curve([r.get("evals", []) for r in runs])
+    return entries
+
+
+def mean_curve(runs: list[list[dict[str, float]]]) -> list[dict[str, float]]:
+    """Per eval index (evals at the same steps in every run): the seeds' mean RL seconds and
+    mean held-out accuracy; as long as the shortest run."""
+    return [
+        {
+            "train_s": sum(e["train_s"] for e in at) / len(at),
+            "accuracy": sum(e["accuracy"] for e in at) / len(at),
+        }
+        for at in zip(*runs, strict=False)
+    ]
 
 
 # ------------------------------------------------------------------------------ output
-def print_table(entries: list[dict[str, Any]], target: float) -> None:
+def print_table(entries: list[dict[str, Any]], target: float, task: str = "search agent") -> None:
     steps = entries[0]["steps"] if entries else 0
-    table = Table(title=f"search agent, {steps} RL steps per run: mean ± SE over seeds")
+    table = Table(title=f"{task}, {steps} RL steps per run: mean ± SE over seeds")
     for col in (
         "latency (median/p99 s)",
         "setting",
@@ -146,11 +178,13 @@ def print_table(entries: list[dict[str, Any]], target: float) -> None:
         "busy",
         f"accuracy after {steps} steps",
         f"RL s to {target:.2f} (hits)",
+        "× sooner than sync",
         "staleness mean/max",
     ):
         table.add_column(col, justify="right")
     for e in entries:
         ttt = plus_minus(e["time_to_target_s"], e["time_to_target_s_se"], ".0f")
+        sooner = e.get("ttt_speedup_vs_sync")
         table.add_row(
             e["latency"],
             e["setting"],
@@ -162,9 +196,10 @@ def print_table(entries: list[dict[str, Any]], target: float) -> None:
             plus_minus(e["learner_busy_fraction"], e["learner_busy_fraction_se"], ".2f"),
             plus_minus(e["accuracy_final"], e["accuracy_final_se"], ".3f"),
             f"{ttt} ({e['target_hits']}/{len(e['seeds'])})",
+            "—" if sooner is None else f"{sooner:.2f}",
             f"{e['mean_staleness']:.2f} / {e['max_staleness']:.0f}",
         )
-    Console(width=200).print(table)
+    Console(width=220).print(table)
 
 
 def _after_first(entry: dict[str, Any]) -> str:
@@ -178,10 +213,28 @@ def _after_first(entry: dict[str, Any]) -> str:
 
 def plot(entries: list[dict[str, Any]], path: Path) -> Path:
     """Throughput (× best sync) and accuracy at equal steps vs η, one line per latency (the
-    best η = 0 setting stands for sync); error bars are standard errors."""
-    fig = Figure(figsize=(11, 4.2), dpi=110, layout="constrained")
+    best η = 0 setting stands for sync; error bars are standard errors), and held-out accuracy
+    against RL seconds for every setting (one line style per latency)."""
+    fig = Figure(figsize=(16, 4.2), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
-    speed, acc = fig.subplots(1, 2)
+    speed, acc, curves = fig.subplots(1, 3)
+    styles = ("-", "--", ":", "-.")
+    for i, latency in enumerate(dict.fromkeys(e["latency"] for e in entries)):
+        for j, e in enumerate(e for e in entries if e["latency"] == latency):
+            curve = e.get("curve") or []
+            curves.plot(
+                [c["train_s"] for c in curve],
+                [c["accuracy"] for c in curve],
+                marker="o",
+                markersize=3,
+                linestyle=styles[i % len(styles)],
+                color=f"C{j}",
+                label=f"{latency}: {e['setting']}",
+            )
+    curves.set(xlabel="RL seconds (evals excluded)", ylabel="held-out accuracy",
+               title="accuracy against time")  # fmt: skip
+    curves.legend(fontsize=7)
+    curves.grid(alpha=0.3)
     for i, latency in enumerate(dict.fromkeys(e["latency"] for e in entries)):
         same = [e for e in entries if e["latency"] == latency]
         best = best_per_eta(same)
@@ -224,6 +277,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tool latency settings: none, MEDIAN or MEDIAN/P99 in seconds, comma-separated",
     )
     p.add_argument("--target", type=float, default=0.2, help="the time-to-accuracy target")
+    p.add_argument(
+        "--config",
+        default=CONFIG,
+        help="the agent's experiment YAML (its tool calls wait the latency settings)",
+    )
     p.add_argument(
         "--async-set",
         action="append",
@@ -271,9 +329,9 @@ def reused_runs(paths: list[str], args: argparse.Namespace) -> tuple[str | None,
             runs, theirs = earlier["runs"], _settings(earlier["overrides"])
         except (OSError, ValueError, KeyError) as err:
             raise SystemExit(f"--reuse {file}: not an agent_latency results.json ({err})") from None
-        if earlier.get("config") != CONFIG:
+        if earlier.get("config") != args.config:
             raise SystemExit(
-                f"--reuse {file}: its config {earlier.get('config')!r} is not {CONFIG}"
+                f"--reuse {file}: its config {earlier.get('config')!r} is not {args.config}"
             )
         their_model = str(earlier.get("model"))
         if model and Path(model).resolve() != Path(their_model).resolve():
@@ -309,8 +367,8 @@ def reused_runs(paths: list[str], args: argparse.Namespace) -> tuple[str | None,
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    source = bench_source(CONFIG, [], args)
-    async_source = bench_source(CONFIG, [], args, more=args.async_set)
+    source = bench_source(args.config, [], args)
+    async_source = bench_source(args.config, [], args, more=args.async_set)
     # Every setting's config, and the baseline, validate before any work starts.
     for latency in args.latencies:
         cfg = source.resolve(latency.overrides(), label=f"latency {latency.label}")
@@ -319,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     done = {(r["latency"], r["setting"], r["seed"]) for r in reused}
     if cfg.learner.total_steps < 1:
         raise SystemExit("learner.total_steps must be >= 1: the benchmark measures RL steps")
-    task = TaskSpec(CONFIG, cfg.learner.total_steps, cfg.eval.every_n_steps, args.target)
+    task = TaskSpec(args.config, cfg.learner.total_steps, cfg.eval.every_n_steps, args.target)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -327,10 +385,10 @@ def main(argv: list[str] | None = None) -> None:
         model_dir = (
             args.model
             or reused_model
-            or warm_start(source.resolve({"experiment.trial": "bench-data"}), "search")
+            or warm_start(source.resolve({"experiment.trial": "bench-data"}), cfg.experiment.name)
         )
         head = {
-            "config": CONFIG,
+            "config": args.config,
             "model": model_dir,
             "overrides": list(args.overrides),
             "async_set": list(args.async_set),
@@ -352,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
                             eta,
                             threads,
                             parent.info.run_id,
-                            "search",
+                            cfg.experiment.name,
                             extra={
                                 **latency.overrides(),
                                 "experiment.seed": seed,
@@ -379,13 +437,16 @@ def main(argv: list[str] | None = None) -> None:
         save_results(out, payload, [plot(entries, out / "agent_latency.png")], parent.info.run_id)
         mlflow.log_metrics(
             {
-                f"lat{e['latency'].replace('/', '-')}/speedup_{e['setting']}": e[
-                    "speedup_vs_best_sync"
-                ]
+                f"lat{e['latency'].replace('/', '-')}/{name}_{e['setting']}": e[key]
                 for e in entries
+                for name, key in (
+                    ("speedup", "speedup_vs_best_sync"),
+                    ("sooner_to_target", "ttt_speedup_vs_sync"),
+                )
+                if e.get(key) is not None
             }
         )
-    print_table(entries, args.target)
+    print_table(entries, args.target, cfg.experiment.name)
     print(f"results: {out} · MLflow run {parent.info.run_id}")
 
 

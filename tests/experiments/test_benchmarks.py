@@ -383,6 +383,27 @@ def test_agent_latency_settings_and_seed_statistics(capsys, tmp_path: Path) -> N
     assert agl._after_first(fast_sync) == "—"
     assert agl._after_first(slow_async) == "5.50 ± 1.04 (1.57)"
     assert mean_se([2.0]) == (2.0, None)
+    assert slow_async["ttt_speedup_vs_sync"] is None  # sync missed the target in seed 1
+
+    # time to target and the accuracy-against-time curve, where every seed reached it
+    timed = []
+    for bound, per_eval_s in ((0, 30.0), (4, 10.0)):
+        for seed in (1, 2):
+            row = _agent_row("2/20", bound, 1, seed, 1.0)
+            row["evals"] = [
+                {"version": 5 * k, "accuracy": 0.1 * k + 0.01 * seed, "train_s": per_eval_s * k}
+                for k in range(4)
+            ]
+            row["time_to_target_s"] = per_eval_s * 2  # 0.2 reached at the second eval
+            timed.append(row)
+    sync_entry, async_entry = agl.aggregate(timed)
+    assert async_entry["ttt_speedup_vs_sync"] == pytest.approx(3.0)
+    assert sync_entry["ttt_speedup_vs_sync"] == pytest.approx(1.0)
+    assert async_entry["curve"][2] == pytest.approx({"train_s": 20.0, "accuracy": 0.215})
+    assert len(async_entry["curve"]) == 4
+    assert agl.parse_args(["--config", "experiments/agent_openai.yaml"]).config == (
+        "experiments/agent_openai.yaml"
+    )
 
 
 def test_agent_latency_runs_end_to_end(tmp_path: Path) -> None:
