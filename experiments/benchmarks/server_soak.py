@@ -125,7 +125,7 @@ def malformed_probes(model_dir: str) -> dict[str, Probe]:
         "nan_temperature": Probe("POST", "/generate", 400, sampling(temperature="nan")),
         "huge_max_new_tokens": Probe("POST", "/generate", 400, sampling(max_new_tokens=10**12)),
         "bad_top_p": Probe("POST", "/generate", 400, sampling(top_p=7)),
-        "unknown_field": Probe("POST", "/generate", 400, sampling(frequency_penalty=1.0)),
+        "unknown_field": Probe("POST", "/generate", 400, sampling(frequency_penlty=1.0)),  # misspelt
         "bad_json": Probe("POST", "/generate", 400, raw=lambda r: b'{"input_ids": [1, 2'),
         "list_body": Probe("POST", "/generate", 400, raw=lambda r: b"[[1, 2, 3]]"),
         "null_body": Probe("POST", "/generate", 400, raw=lambda r: b"null"),
