@@ -5,8 +5,8 @@ The schema is SGLang's (0.5.23 and its main branch): ``GenerateReqInput``
 (``sglang/srt/sampling/sampling_params.py``) for ``sampling_params``, with
 SGLang's defaults, ranges and ``None``-means-default rule. Every field of both is one of:
 
-- *honoured*: :data:`SAMPLING_HONOURED` and :data:`GENERATE_HONOURED` (the README's table says
-  what each does here);
+- *honoured*: :data:`SAMPLING_HONOURED` and :data:`GENERATE_HONOURED` (the table in
+  docs/concepts/server.md says what each does here);
 - *inert*: accepted whatever its value, because it changes nothing about the tokens (metrics
   and tracing labels, and ``model``, which SGLang's router adds to every body it forwards);
 - *default only*: a feature this engine does not have (grammars, multimodal inputs, LoRA, top

@@ -10,7 +10,7 @@ per batch: eager and compiled seconds (compile time included where it happened).
     python experiments/benchmarks/learner_compile.py --batches 8   # minutes: each compile ~1 min
 
 Writes ``learner_compile.json`` and ``learner_compile.png`` to ``--out``. Measured 2026-12-02
-(README, "Shared prompts in the learner"): 1.03-1.33x on the batches that reuse the compiled
+(docs/concepts/engine-and-learner.md, "Shared prompts in the learner"): 1.03-1.33x on the batches that reuse the compiled
 graph, but the first batch compiles (32 s) and batch 5 recompiles (18 s, with inductor's cache
 warm; 55 s cold) against ~1 s steps, so the learner does not compile.
 """

@@ -1,8 +1,8 @@
-"""The operator's path through the UIs, in headless Chromium, as the README tells it: ``asyncrl
-stack up``, ``asyncrl deploy``, then the Prefect UI (the ``experiment`` deployment's run form,
-edited and submitted; the flow run watched to the end) and the MLflow UI (a GRPO/PPO/DAPO ablation
-compared on its eval-accuracy chart). Screenshots go to ``test-artifacts/browser/`` (or
-``$ASYNCRL_TEST_ARTIFACTS/browser``).
+"""The operator's path through the UIs, in headless Chromium, as docs/tutorials/orchestration.md
+tells it: ``asyncrl stack up``, ``asyncrl deploy``, then the Prefect UI (the ``experiment``
+deployment's run form, edited and submitted; the flow run watched to the end) and the MLflow UI
+(a GRPO/PPO/DAPO ablation compared on its eval-accuracy chart). Screenshots go to
+``test-artifacts/browser/`` (or ``$ASYNCRL_TEST_ARTIFACTS/browser``).
 
 Without a system Chromium these tests skip and say what to install, except where
 ``ASYNCRL_BROWSER_TESTS=required`` (CI sets it, after installing the browser): there they fail.
@@ -90,7 +90,7 @@ def _api(stack: StackInfo, method: str, path: str, **kwargs: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def served(stack: StackInfo) -> Iterator[subprocess.Popen]:
-    """``asyncrl deploy`` in the stack's environment, as the README's operator runs it."""
+    """``asyncrl deploy`` in the stack's environment, as the docs' operator runs it."""
     env = {**os.environ, **stack.env(), "PREFECT_RUNNER_POLL_FREQUENCY": "1"}
     log = Path(stack.state_dir) / "logs" / "deploy.log"
     with log.open("wb") as out:
