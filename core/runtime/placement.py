@@ -4,6 +4,7 @@
 (``cluster.ray_address`` joins an existing cluster; otherwise a local Ray starts);
 ``scheduler.type=local`` starts plain subprocesses (one learner rank runs in the driver itself).
 Either way the rollout side is a separate process from the learner, so they run concurrently.
+The driver gets typed handles on them (:mod:`core.runtime.handles`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from core.config import Config
 from core.runtime.actors import Actor, InProcessActor, ProcessActor, RayActor
+from core.runtime.handles import LearnerHandle, LearnerRank, RolloutHandle, typed
 from core.runtime.learner_worker import LearnerWorker
 from core.runtime.rollout_worker import RolloutWorker
 from core.training.distributed import free_port
@@ -87,13 +89,14 @@ def start_rollout(
     version: int = 0,
     state: dict[str, Any] | None = None,
     weights_url: str | None = None,
-) -> Actor:
+) -> RolloutHandle:
     """The rollout worker (engine + executor) in its own process (``weights_url``: see
     :class:`~core.runtime.rollout_worker.RolloutWorker`)."""
+    actor: Actor
     if config.scheduler.type == "ray":
         ensure_ray(config)
         gpus = 1.0 if config.cluster.n_gpus_per_node and config.rollout.engine == "hf" else 0.0
-        return RayActor(
+        actor = RayActor(
             RolloutWorker,
             config,
             model_dir,
@@ -105,10 +108,12 @@ def start_rollout(
             num_gpus=gpus,
             name="rollout",
         )
-    return ProcessActor(
-        RolloutWorker, config, model_dir, train, version=version, state=state,
-        weights_url=weights_url, name="rollout",
-    )  # fmt: skip
+    else:
+        actor = ProcessActor(
+            RolloutWorker, config, model_dir, train, version=version, state=state,
+            weights_url=weights_url, name="rollout",
+        )  # fmt: skip
+    return typed(actor, RolloutHandle)
 
 
 def learner_bundles(config: Config) -> list[dict[str, float]]:
@@ -163,7 +168,8 @@ class LearnerRankError(RuntimeError):
 
 
 class LearnerGroup:
-    """All ranks of the learner; each call goes to every rank and returns rank 0's result."""
+    """All ranks of the learner; each call goes to every rank and returns rank 0's result
+    (the driver sees it as a :class:`~core.runtime.handles.LearnerHandle`)."""
 
     def __init__(
         self,
@@ -192,6 +198,10 @@ class LearnerGroup:
                 ) from future.exception()
         return self._in_flight[0].result()
 
+    def node_ids(self) -> list[str]:
+        """The node each rank runs on, in rank order."""
+        return [typed(rank, LearnerRank).node_id() for rank in self.ranks]
+
     def wait_idle(self, timeout_s: float) -> bool:
         """Wait for the last call to finish on every rank; False if it is still running."""
         _, pending = cf.wait(self._in_flight, timeout=timeout_s)
@@ -204,8 +214,12 @@ class LearnerGroup:
             self._on_close()
 
 
-def start_learners(config: Config, model_dir: str, *, mode: str = "rl") -> LearnerGroup:
+def start_learners(config: Config, model_dir: str, *, mode: str = "rl") -> LearnerHandle:
     """``learner.n_ranks`` learner ranks forming one FSDP2 process group (gloo on CPU)."""
+    return typed(_learner_group(config, model_dir, mode), LearnerHandle)
+
+
+def _learner_group(config: Config, model_dir: str, mode: str) -> LearnerGroup:
     n = config.learner.n_ranks
     if n == 1 and config.scheduler.type == "local":
         return LearnerGroup(

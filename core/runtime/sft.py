@@ -73,7 +73,7 @@ def sft_warm_start(
     try:
         for step in range(sft.steps):
             batch = collate(loader.next_batch(), tokenizer.pad_token_id)
-            stats = learners.call("sft_step", batch)
+            stats = learners.sft_step(batch)
             sink.log_metrics(
                 {
                     "sft/loss": stats["loss"],
@@ -87,7 +87,7 @@ def sft_warm_start(
                 on_step(1)
         url = join(config.run_dir, "sft")
         out = local_path(url)
-        learners.call("export", str(out))
+        learners.export(str(out))
         upload_dir(out, url)
     finally:
         learners.close()

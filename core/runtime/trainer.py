@@ -34,8 +34,9 @@ from core.rollout.api import Group
 from core.runtime.advantages import with_advantages
 from core.runtime.checkpointing import CheckpointManager
 from core.runtime.fleet import ServerFleet, launch_fleet, launches_servers, with_servers
+from core.runtime.handles import LearnerHandle, RolloutHandle
 from core.runtime.metrics import MetricSink, agent_metrics, mismatch_metrics, rollout_metrics
-from core.runtime.placement import LearnerGroup, start_learners, start_rollout
+from core.runtime.placement import start_learners, start_rollout
 from core.runtime.timeline import StepRecord, Timeline
 from core.runtime.weight_sync import BroadcastSync
 from core.storage import (
@@ -160,7 +161,7 @@ class Trainer:
         rollout = fleet = broadcast = None
         try:
             if start:
-                learners.call("load_checkpoint", join(self.ckpt.path(start), "learner"))
+                learners.load_checkpoint(join(self.ckpt.path(start), "learner"))
             rollout_cfg = cfg
             start_url = self._upload(Path(init_dir), start)
             if launches_servers(cfg):  # the run's own servers, from its starting weights
@@ -214,7 +215,7 @@ class Trainer:
             if not self.evals or self.evals[-1]["version"] != version:
                 self._evaluate(rollout, version)
             final_dir = self._export(learners, version)
-            stats = rollout.call("stats")
+            stats = rollout.stats()
             self._write_timeline()
         finally:
             if broadcast is not None:
@@ -235,26 +236,26 @@ class Trainer:
         )
 
     def _step(
-        self, step: int, learners: LearnerGroup, rollout: Any, totals: dict[str, float]
+        self, step: int, learners: LearnerHandle, rollout: RolloutHandle, totals: dict[str, float]
     ) -> int:
         cfg, algo = self.config, self.config.algorithm
         if cfg.checkpoint.on_signal and self._rollout_state is None:
             # what a checkpoint at this version records: taken before the batch is drawn
-            self._rollout_state = rollout.call("state_dict")
-        engine_before = rollout.call("stats").get("engine")
+            self._rollout_state = rollout.state_dict()
+        engine_before = rollout.stats().get("engine")
         t0 = time.perf_counter()
-        groups: list[Group] = rollout.call("prepare_batch", cfg.rollout.stall_timeout_s)
+        groups: list[Group] = rollout.prepare_batch(cfg.rollout.stall_timeout_s)
         t_wait = time.perf_counter() - t0
         # Before the update: the learner still holds the version a restarted server must serve,
         # and the publish below must not meet a dead member of the weight group.
         self._restart_dead_servers(learners, rollout, version=step)
         batch = to_batch(groups, self.pad_id)
-        values = learners.call("compute_values", batch) if algo.use_critic else None
-        ref = learners.call("compute_ref_logprobs", batch) if algo.kl_in_reward_coef > 0 else None
+        values = learners.compute_values(batch) if algo.use_critic else None
+        ref = learners.compute_ref_logprobs(batch) if algo.kl_in_reward_coef > 0 else None
         batch = with_advantages(
             batch, algo, max_new_tokens=cfg.rollout.max_new_tokens, values=values, ref_logprobs=ref
         )
-        stats = learners.call("rl_update", batch)
+        stats = learners.rl_update(batch)
         version = int(stats["version"])
         self._rollout_state = None  # the step's batch is trained: a checkpoint needs a new state
         t_train = time.perf_counter() - t0 - t_wait
@@ -299,7 +300,7 @@ class Trainer:
             "response/mean_tokens": n_tokens / n_episodes,  # per episode
             **{k: v for k, v in stats.items() if k.startswith(("actor/", "critic/"))},
         }
-        metrics.update(rollout_metrics(engine_before, rollout.call("stats"), wall))
+        metrics.update(rollout_metrics(engine_before, rollout.stats(), wall))
         metrics.update(agent_metrics(groups))
         learner_cfg = cfg.learner
         metrics.update(mismatch_metrics(stats, groups, step, tolerance=learner_cfg.mismatch_tolerance,
@@ -342,15 +343,15 @@ class Trainer:
         with self.batches_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
-    def _publish(self, learners: LearnerGroup, rollout: Any, version: int) -> float:
+    def _publish(self, learners: LearnerHandle, rollout: RolloutHandle, version: int) -> float:
         """Export the new weights and swap them into the engine(s); returns seconds."""
         t0 = time.perf_counter()
         if self._broadcast is not None:  # no folder: the servers receive the tensors
             self._broadcast.publish(version)
             return time.perf_counter() - t0
         directory = self.publish_root / f"v{version:06d}"
-        learners.call("export", str(directory))
-        rollout.call("update_weights", self._upload(directory, version) or str(directory), version)
+        learners.export(str(directory))
+        rollout.update_weights(self._upload(directory, version) or str(directory), version)
         previous = self.publish_root / f"v{version - 1:06d}"
         if previous.exists():  # the engine has loaded the new folder; the old one is done
             shutil.rmtree(previous, ignore_errors=True)
@@ -358,7 +359,9 @@ class Trainer:
             remove_dir(join(self.publish_url, f"v{version - 1:06d}"))
         return time.perf_counter() - t0
 
-    def _restart_dead_servers(self, learners: LearnerGroup, rollout: Any, version: int) -> None:
+    def _restart_dead_servers(
+        self, learners: LearnerHandle, rollout: RolloutHandle, version: int
+    ) -> None:
         """Servers of this run that died are started again from the learner's current policy
         (``version``) and rejoin. Meanwhile their requests went to the others (the client
         resubmits them whole), so no episode is lost or counted twice."""
@@ -367,20 +370,20 @@ class Trainer:
             return
         folder = self.publish_root / f"v{version:06d}"
         if not folder.is_dir():
-            learners.call("export", str(folder))
+            learners.export(str(folder))
         source = self._upload(folder, version) or str(folder)
         addresses = self._fleet.restart(dead, source, version)
         if self._broadcast is not None:  # the group had a fixed membership: form it again
             self._broadcast.close()
             self._broadcast.open()
             shutil.rmtree(folder, ignore_errors=True)  # no publish will replace this folder
-        rollout.call("restore_servers", addresses)
+        rollout.restore_servers(addresses)
         logger.warning("restarted inference server(s) %s at version %d", addresses, version)
 
-    def _write_placement(self, learners: LearnerGroup, fleet: ServerFleet | None) -> None:
+    def _write_placement(self, learners: LearnerHandle, fleet: ServerFleet | None) -> None:
         """``placement.json``: the Ray node of each learner rank and server (for operators)."""
         placement = {
-            "learners": [rank.call("node_id") for rank in learners.ranks],
+            "learners": learners.node_ids(),
             "servers": fleet.placement if fleet is not None else [],
         }
         write_json(join(self.config.run_dir, "placement.json"), placement)
@@ -405,9 +408,9 @@ class Trainer:
         upload_dir(directory, url)
         return url
 
-    def _evaluate(self, rollout: Any, version: int) -> None:
+    def _evaluate(self, rollout: RolloutHandle, version: int) -> None:
         t0 = time.perf_counter()
-        result = rollout.call("evaluate", self.test)
+        result = rollout.evaluate(self.test)
         # elapsed_s: RL wall time when this eval started; rl_s: the same without the earlier eval
         # and checkpoint pauses (for time-to-target-accuracy).
         seconds = time.perf_counter() - t0
@@ -433,19 +436,19 @@ class Trainer:
 
     def _checkpoint(
         self,
-        learners: LearnerGroup,
-        rollout: Any,
+        learners: LearnerHandle,
+        rollout: RolloutHandle,
         version: int,
         rollout_state: dict[str, Any] | None = None,
     ) -> None:
         t0 = time.perf_counter()
         path = self.ckpt.path(version)
         self.ckpt.begin(version)
-        learners.call("save_checkpoint", join(path, "learner"))
+        learners.save_checkpoint(join(path, "learner"))
         self._write_hf(learners, version, join(path, "hf"))
         recover = {
             "version": version,
-            "rollout": rollout_state if rollout_state is not None else rollout.call("state_dict"),
+            "rollout": rollout_state if rollout_state is not None else rollout.state_dict(),
             "rng": _rng_state(),
             "config_hash": config_hash(self.config),
             "config": run_params(self.config),
@@ -455,7 +458,9 @@ class Trainer:
         self._saved = version
         self.timeline.pause("checkpoint", t0 - self._started, time.perf_counter() - t0)
 
-    def _checkpoint_on_signal(self, learners: LearnerGroup, rollout: Any, version: int) -> None:
+    def _checkpoint_on_signal(
+        self, learners: LearnerHandle, rollout: RolloutHandle, version: int
+    ) -> None:
         """``checkpoint.on_signal``: the run is stopping on a signal; keep its progress.
 
         The signal interrupted the driver's wait, never the learner ranks' work (they run on
@@ -473,7 +478,7 @@ class Trainer:
                     "stopping: the learner is still busy after 300 s; no final checkpoint"
                 )
                 return
-            trained = int(learners.call("version"))
+            trained = int(learners.version())
             if trained <= self._saved:
                 return
             state = self._rollout_state if trained == version else None
@@ -556,10 +561,10 @@ class Trainer:
         except Exception:  # a plot must never fail a finished run
             logger.exception("could not write the timeline")
 
-    def _export(self, learners: LearnerGroup, version: int) -> str:
+    def _export(self, learners: LearnerHandle, version: int) -> str:
         return str(self._write_hf(learners, version, join(self.config.run_dir, "final")))
 
-    def _write_hf(self, learners: LearnerGroup, version: int, url: str) -> Path:
+    def _write_hf(self, learners: LearnerHandle, version: int, url: str) -> Path:
         """The policy at ``version`` as a HF folder at ``url``: a copy of the folder just published
         to the engine when there is one (no second full-state gather), else a fresh export."""
         out = local_path(url)
@@ -568,7 +573,7 @@ class Trainer:
             shutil.rmtree(out, ignore_errors=True)
             shutil.copytree(published, out)
         else:
-            learners.call("export", str(out))
+            learners.export(str(out))
         upload_dir(out, url)  # a no-op for a local url
         return out
 

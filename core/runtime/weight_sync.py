@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
-from typing import Any
 
 from core.runtime.fleet import free_port
+from core.runtime.handles import LearnerHandle, RolloutHandle
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,9 @@ GROUP_NAME = "asyncrl-weights"
 class BroadcastSync:
     """The learner → servers weight group of one run (see the module docstring)."""
 
-    def __init__(self, learners: Any, rollout: Any, n_servers: int, backend: str) -> None:
+    def __init__(
+        self, learners: LearnerHandle, rollout: RolloutHandle, n_servers: int, backend: str
+    ) -> None:
         self.learners, self.rollout = learners, rollout
         self.n_servers, self.backend = n_servers, backend
         self.metadata: dict[str, list] = {}
@@ -39,16 +41,16 @@ class BroadcastSync:
     def open(self) -> None:
         """Learner rank 0 and every server join the group (its store on rank 0's node); the
         tensors' order is agreed."""
-        master_address = self.learners.call("node_address")
+        master_address = self.learners.node_address()
         port = free_port(master_address)
         self._pool = cf.ThreadPoolExecutor(1, thread_name_prefix="weight-broadcast")
         learner = self._pool.submit(
-            self.learners.call, "open_weight_group", master_address, port, 1 + self.n_servers,
+            self.learners.open_weight_group, master_address, port, 1 + self.n_servers,
             GROUP_NAME, self.backend,
         )  # fmt: skip
-        self.rollout.call("init_weight_group", master_address, port, GROUP_NAME, self.backend)
+        self.rollout.init_weight_group(master_address, port, GROUP_NAME, self.backend)
         learner.result()
-        self.metadata = self.learners.call("weight_metadata")
+        self.metadata = self.learners.weight_metadata()
         logger.info(
             "weight group %r: learner rank 0 + %d server(s), %s, %d tensors",
             GROUP_NAME, self.n_servers, self.backend, len(self.metadata["names"]),
@@ -57,16 +59,16 @@ class BroadcastSync:
     def publish(self, version: int) -> None:
         """The learner's current policy becomes ``version`` on every server."""
         assert self._pool is not None, "open() first"
-        sent = self._pool.submit(self.learners.call, "broadcast_weights")
-        self.rollout.call("update_weights_distributed", self.metadata, version, GROUP_NAME)
+        sent = self._pool.submit(self.learners.broadcast_weights)
+        self.rollout.update_weights_distributed(self.metadata, version, GROUP_NAME)
         sent.result()
 
     def close(self) -> None:
         try:
-            self.rollout.call("destroy_weight_group", GROUP_NAME)
+            self.rollout.destroy_weight_group(GROUP_NAME)
         except Exception:  # the run is ending: the servers drop the group when they stop
             logger.warning("could not close the servers' weight group", exc_info=True)
-        self.learners.call("close_weight_group")
+        self.learners.close_weight_group()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None

@@ -1,4 +1,4 @@
-"""A stand-in learner rank for test_fleet: a real process that works, or dies mid-call (kept
+"""A stand-in learner rank for test_learner_group and test_handles: a real process that works, or dies mid-call (kept
 out of the test module so a spawned rank imports nothing heavy)."""
 
 from __future__ import annotations
@@ -10,6 +10,12 @@ import time
 class Rank:
     def __init__(self, rank: int) -> None:
         self.rank = rank
+
+    def where(self) -> str:
+        return f"rank {self.rank} in pid {os.getpid()}"
+
+    def node_id(self) -> str:
+        return f"node-{self.rank}"
 
     def step(self) -> int:
         if self.rank == 1:

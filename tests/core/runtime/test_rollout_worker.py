@@ -1,7 +1,8 @@
 """The rollout side for real: HF engine + RLVR workflow + executor, with weights published from disk.
 
 A scripted learner perturbs the weights, saves them as a HF folder and publishes each version, as
-the train loop will; the worker runs in this process and in a spawned subprocess (ProcessActor).
+the train loop will; the worker runs in this process and in a spawned subprocess (ProcessActor),
+through the typed handle the train loop uses.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from core.data.dataloader import ResumableDataLoader
 from core.data.synthetic import SyntheticSpec, generate_problems
 from core.models import create_pretrained, load_model, load_tokenizer
 from core.runtime.actors import InProcessActor, ProcessActor
+from core.runtime.handles import RolloutHandle, typed
 from core.runtime.rollout_worker import RolloutWorker
 from core.runtime.stages import training_texts
 
@@ -57,15 +59,15 @@ def config(eta: int, *overrides: str):
     )
 
 
-def drive(worker, root: Path, steps: int, eta: int) -> list:
+def drive(worker: RolloutHandle, root: Path, steps: int, eta: int) -> list:
     batches = []
     for step in range(steps):
-        batch = worker.call("prepare_batch", 120)
+        batch = worker.prepare_batch(120)
         batches.append(batch)
         for group in batch:
             assert step - group.oldest_version <= eta
             assert len(group.trajectories) == 2
-        worker.call("update_weights", str(root / f"v{step + 1}"), step + 1)
+        worker.update_weights(str(root / f"v{step + 1}"), step + 1)
     return batches
 
 
@@ -73,14 +75,16 @@ def drive(worker, root: Path, steps: int, eta: int) -> list:
 @pytest.mark.parametrize("eta", [0, 2])
 def test_worker_in_process_respects_eta(setup, eta: int) -> None:
     root, train = setup
-    worker = InProcessActor(RolloutWorker, config(eta), str(root / "v0"), train)
+    worker = typed(
+        InProcessActor(RolloutWorker, config(eta), str(root / "v0"), train), RolloutHandle
+    )
     try:
         # The starting eval runs alone: rollouts start with the first batch asked for (work
         # done during an eval would count as trained samples without its time).
-        worker.call("evaluate", train[:4])
-        assert worker.call("stats")["submitted"] == 0
+        worker.evaluate(train[:4])
+        assert worker.stats()["submitted"] == 0
         batches = drive(worker, root, steps=4, eta=eta)
-        stats = worker.call("stats")
+        stats = worker.stats()
     finally:
         worker.close()
     assert stats["version"] == 4 and stats["consumed"] == 16
@@ -101,21 +105,25 @@ def test_worker_in_process_respects_eta(setup, eta: int) -> None:
 def test_worker_in_subprocess_and_resume_state(setup) -> None:
     root, train = setup
     cfg = config(1)
-    worker = ProcessActor(RolloutWorker, cfg, str(root / "v0"), train, name="rollout")
+    actor = ProcessActor(RolloutWorker, cfg, str(root / "v0"), train, name="rollout")
+    worker = typed(actor, RolloutHandle)
     try:
         first = drive(worker, root, steps=2, eta=1)
-        state = worker.call("state_dict")
-        following = [g.sample_id for g in worker.call("prepare_batch", 120)]
-        evaluation = worker.call("evaluate", train[:8])
+        state = worker.state_dict()
+        following = [g.sample_id for g in worker.prepare_batch(120)]
+        evaluation = worker.evaluate(train[:8])
     finally:
         worker.close()
-    assert not worker.process.is_alive()
+    assert not actor.process.is_alive()
     assert evaluation["n"] == 8 and 0.0 <= evaluation["accuracy"] <= 1.0
     assert state["counters"]["consumed"] == 8
     # A worker restored from the state draws the same not-yet-consumed prompts again.
-    resumed = InProcessActor(RolloutWorker, cfg, str(root / "v2"), train, version=2, state=state)
+    resumed = typed(
+        InProcessActor(RolloutWorker, cfg, str(root / "v2"), train, version=2, state=state),
+        RolloutHandle,
+    )
     try:
-        again = [g.sample_id for g in resumed.call("prepare_batch", 120)]
+        again = [g.sample_id for g in resumed.prepare_batch(120)]
     finally:
         resumed.close()
     consumed = {g.sample_id for b in first for g in b}
@@ -158,23 +166,25 @@ def test_running_server_gets_the_runs_starting_weights(setup, tmp_path: Path) ->
     overrides = ["rollout.engine=sglang", f"rollout.server_addresses=[{server.address}]"]
     cfg = config(0, *overrides)
     try:
-        worker = InProcessActor(RolloutWorker, cfg, str(root / "v1"), train)
+        worker = typed(InProcessActor(RolloutWorker, cfg, str(root / "v1"), train), RolloutHandle)
         try:
             info = httpx.get(server.url + "/get_model_info").json()
             assert (info["model_path"], info["weight_version"]) == (str(root / "v1"), "0")
-            traj = worker.call("prepare_batch", 120)[0].trajectories[0]
-            worker.call("update_weights", str(root / "v4"), 4)
+            traj = worker.prepare_batch(120)[0].trajectories[0]
+            worker.update_weights(str(root / "v4"), 4)
         finally:
             worker.close()
         served = [lp for lp, m in zip(traj.logprobs, traj.loss_mask) if m]
         assert served == pytest.approx(_teacher_forced(root / "v1", traj), abs=2e-4)
         assert served != pytest.approx(_teacher_forced(root / "v0", traj), abs=2e-4)
 
-        resumed = InProcessActor(RolloutWorker, cfg, str(root / "v2"), train, version=2)
+        resumed = typed(
+            InProcessActor(RolloutWorker, cfg, str(root / "v2"), train, version=2), RolloutHandle
+        )
         try:
             info = httpx.get(server.url + "/get_model_info").json()
             assert (info["model_path"], info["weight_version"]) == (str(root / "v2"), "2")
-            batch = resumed.call("prepare_batch", 120)
+            batch = resumed.prepare_batch(120)
         finally:
             resumed.close()
         versions = {
