@@ -39,6 +39,7 @@ from core.training import (
     is_main,
     shard_rows,
 )
+from core.training.losses import proximal_plan
 from core.training.mismatch import MismatchMonitor
 
 logger = logging.getLogger(__name__)
@@ -129,26 +130,22 @@ class LearnerWorker:
         a = self.algo
         shard = self._shard(batch)
         extra: dict[str, torch.Tensor] = {}
-        # π_prox (AReaL's decoupled PPO) is the learner's weights before this update. With one
-        # optimiser step per update the training forward pass computes exactly that, so the
-        # separate no-grad pass is only needed when minibatches follow each other.
-        # (Dropout would make the training pass differ from π_prox, so it then recomputes too.)
-        one_step = a.ppo_n_minibatches == 1 and not _has_dropout(self.policy.model)
-        if a.decoupled and not a.use_loglinear_proximal and not one_step:
+        plan = proximal_plan(a, has_dropout=_has_dropout(self.policy.model))
+        if plan.recompute:
             extra["proximal_logprobs"] = self.policy.compute_logprobs(shard)
         if a.kl_coef > 0:
             extra["ref_logprobs"] = self.policy.compute_reference_logprobs(shard)
         shard = shard.with_fields(**extra)
-        # The mismatch check needs the learner's exact log-probs under the starting weights:
-        # the recomputed π_prox, or the training pass of a one-step update.
-        exact = one_step or "proximal_logprobs" in extra
         monitor = (
             MismatchMonitor(self.policy.version, self.config.learner.mismatch_tolerance)
-            if exact
+            if plan.exact_logprobs
             else None
         )
         loss = PolicyLoss(
-            a, proximal_version=self.policy.version, proximal_is_current=one_step, mismatch=monitor
+            a,
+            proximal_version=self.policy.version,
+            proximal_is_current=plan.from_training_pass,
+            mismatch=monitor,
         )
         steps = self.policy.update(
             shard, loss, n_minibatches=a.ppo_n_minibatches, group_size=a.group_size

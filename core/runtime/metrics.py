@@ -8,8 +8,12 @@ import json
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+import numpy as np
+import torch
 
 from core.rollout.api import Group
 
@@ -55,6 +59,70 @@ def rollout_metrics(
         ),
     })  # fmt: skip
     return out
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Where one RL step's seconds went (the learner's busy fraction is ``train_s / step_s``)."""
+
+    wait_s: float  # waiting for the batch (``prepare_batch``)
+    train_s: float  # the learner: critic/reference passes, advantages, the policy update
+    publish_s: float  # the new weights into the engines
+    step_s: float  # all of it
+
+
+def staleness(groups: Sequence[Group], step: int) -> list[int]:
+    """Per group, how many versions older than ``step`` its oldest token is."""
+    return [step - g.oldest_version for g in groups]
+
+
+def interrupted_episodes(groups: Sequence[Group]) -> int:
+    """Episodes with a row that a weight update interrupted (and that resumed after it)."""
+    return sum(
+        len({e for e, t in zip(g.episode_of, g.trajectories, strict=True)
+             if t.metadata.get("n_resumes", 0) > 0})
+        for g in groups
+    )  # fmt: skip
+
+
+def step_metrics(
+    step: int,
+    groups: Sequence[Group],
+    n_tokens: int,
+    stats: Mapping[str, float],
+    times: StepTimes,
+) -> dict[str, float]:
+    """One RL step's rewards, staleness, throughput and time split, and the learner's
+    ``actor/``/``critic/`` stats. A sample is an episode, however many rows it trains;
+    ``n_tokens`` are the trained (loss-masked) tokens."""
+    rewards = torch.tensor([r for g in groups for r in g.rewards])
+    n_episodes = len(rewards)
+    lags = staleness(groups, step)
+    token_versions = [  # per generated token: a trajectory resumed after an update mixes versions
+        v
+        for g in groups
+        for t in g.trajectories
+        for v, m in zip(t.versions, t.loss_mask, strict=True)
+        if m
+    ]
+    wall = times.step_s
+    return {
+        "reward/mean": float(rewards.mean()),
+        "reward/accuracy": float((rewards > 0.5).float().mean()),
+        "staleness/mean": float(np.mean(lags)),
+        "staleness/max": float(max(lags)),
+        "staleness/token_mean": step - float(np.mean(token_versions)) if token_versions else 0.0,
+        "staleness/interrupted_frac": interrupted_episodes(groups) / n_episodes,
+        "throughput/samples_per_s": n_episodes / wall,
+        "throughput/tokens_per_s": n_tokens / wall,
+        "time/wait_rollout_s": times.wait_s,
+        "time/train_s": times.train_s,
+        "time/publish_s": times.publish_s,
+        "time/step_s": wall,
+        "learner/busy_fraction": times.train_s / wall,
+        "response/mean_tokens": n_tokens / n_episodes,  # per episode
+        **{k: v for k, v in stats.items() if k.startswith(("actor/", "critic/"))},
+    }
 
 
 class MemorySink:

@@ -1,23 +1,28 @@
 """The RL train loop: one loop for every algorithm preset, synchronous (η = 0) or asynchronous.
 
-Per step (docs/design.md, "The async loop"):
+It is ``experiments/reference_grpo.py``'s loop (synchronous GRPO in one file, tested equal to
+this one at η = 0) with the machinery around it. Each step has the reference's four phases:
 
-    prepare_batch under η  →  critic values / reference log-probs if the preset needs them
-    →  advantages  →  proximal log-probs + ppo_n_minibatches updates (learner ranks)  →  version+1
-    →  publish weights (export a HF folder; the engine pauses, aborts in-flight requests, loads,
-       resumes)  →  periodic eval and checkpoint
+1. **rollout**: ``prepare_batch`` takes a batch of groups within the staleness bound from the
+   rollout worker, which keeps generating in its own process while the learner trains (with
+   η = 0 it admits exactly one batch per version: synchronous RL);
+2. **batch**: the groups padded into one batch, with the critic's values and the reference
+   log-probs where the preset needs them (the learner ranks);
+3. **advantages**: ``with_advantages`` (core/runtime/advantages.py), the reference's entry point;
+4. **policy step**: proximal log-probs and ``ppo_n_minibatches`` updates on the learner ranks
+   (core/runtime/learner_worker.py); the version goes up by one;
 
-The rollout worker keeps generating in its own process while the learner trains, up to the
-staleness bound; with η = 0 it admits exactly one batch per version, which is synchronous RL.
-The learner's *busy fraction* (time training / wall time) is the honest measure of overlap.
+then the new weights are published to the engines (:class:`~core.runtime.publisher.Publisher`),
+the step's numbers recorded (:func:`~core.runtime.metrics.step_metrics`), and an eval and a
+checkpoint taken when due (:class:`~core.runtime.recovery.Recovery` says what a checkpoint
+records and how a run resumes). The learner's *busy fraction* (time training / wall time) is the
+honest measure of overlap.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import random
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,28 +33,28 @@ import numpy as np
 import torch
 
 from core.algorithms import kl_penalty, masked_mean
-from core.config import Config, config_changes, config_hash, run_params
+from core.config import Config
 from core.models import load_tokenizer
 from core.rollout.api import Group
 from core.runtime.advantages import with_advantages
 from core.runtime.checkpointing import CheckpointManager
 from core.runtime.fleet import ServerFleet, launch_fleet, launches_servers, with_servers
 from core.runtime.handles import LearnerHandle, RolloutHandle
-from core.runtime.metrics import MetricSink, agent_metrics, mismatch_metrics, rollout_metrics
-from core.runtime.placement import start_learners, start_rollout
-from core.runtime.timeline import StepRecord, Timeline
-from core.runtime.weight_sync import BroadcastSync
-from core.storage import (
-    download_dir,
-    download_file,
-    exists,
-    is_local,
-    join,
-    local_path,
-    remove_dir,
-    upload_dir,
-    write_json,
+from core.runtime.metrics import (
+    MetricSink,
+    StepTimes,
+    agent_metrics,
+    interrupted_episodes,
+    mismatch_metrics,
+    rollout_metrics,
+    staleness,
+    step_metrics,
 )
+from core.runtime.placement import start_learners, start_rollout
+from core.runtime.publisher import Publisher
+from core.runtime.recovery import Recovery
+from core.runtime.timeline import StepRecord, Timeline
+from core.storage import join, local_path, upload_dir, write_json
 from core.training import TrainBatch, budget_lengths, collate
 from core.training.mismatch import ROW_FIELD
 
@@ -95,24 +100,6 @@ def to_batch(groups: list[Group], pad_id: int) -> TrainBatch:
     )
 
 
-def _rng_state() -> dict[str, Any]:
-    """The driver's RNG states as JSON-friendly lists."""
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": [name, keys.tolist(), pos, has_gauss, gauss],
-        "torch": torch.get_rng_state().tolist(),
-    }
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    np_state = state["numpy"]
-    np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
-    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-
-
 class Trainer:
     """Owns the rollout worker and the learner group for one RL stage."""
 
@@ -134,14 +121,7 @@ class Trainer:
         self.on_step = on_step
         self.on_eval = on_eval
         self.ckpt = CheckpointManager(checkpoint_url(config), config.checkpoint.keep_last)
-        self.publish_root = local_path(join(config.run_dir, "weights"))
-        # Servers and Ray nodes may share no disk with the driver: with a remote run folder the
-        # starting weights and each published version are uploaded under it and fetched there.
-        distributed = config.rollout.engine != "hf" or config.scheduler.type == "ray"
-        remote = distributed and not is_local(config.run_dir)
-        self.publish_url = join(config.run_dir, "weights") if remote else None
-        self._broadcast: BroadcastSync | None = None  # rollout.weight_sync=distributed
-        self._fleet: ServerFleet | None = None  # the servers this run launched
+        self.publisher = Publisher(config)
         self.pad_id = load_tokenizer(config.model.tokenizer_path or model_dir).pad_token_id
         self.evals: list[dict[str, Any]] = []
         self._started = time.perf_counter()
@@ -150,40 +130,40 @@ class Trainer:
         self.timeline = Timeline()
         self.batches_path = local_path(join(config.run_dir, "batches.jsonl"))
         self.batches_path.parent.mkdir(parents=True, exist_ok=True)
+        self.recovery = Recovery(config, self.ckpt, self.model_dir, self.batches_path)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> RLResult:
-        cfg = self.config
-        start, init_dir, rollout_state = self._recover()
+        cfg, publisher = self.config, self.publisher
+        resume = self.recovery.resume()
+        start, self.evals = resume.version, resume.evals
         # The learner starts from the run's initial policy, which stays its KL reference; on
         # resume the checkpoint then restores the trained policy (and optimiser) over it.
-        learners = start_learners(cfg, self._share(self.model_dir, "start"))
-        rollout = fleet = broadcast = None
+        learners = start_learners(cfg, publisher.share(self.model_dir, "start"))
+        rollout = fleet = None
         try:
             if start:
                 learners.load_checkpoint(join(self.ckpt.path(start), "learner"))
             rollout_cfg = cfg
-            start_url = self._upload(Path(init_dir), start)
+            start_url = publisher.upload(Path(resume.init_dir), start)
             if launches_servers(cfg):  # the run's own servers, from its starting weights
                 fleet = launch_fleet(
-                    cfg, start_url or init_dir, start,
-                    weights_roots=[self.publish_root, self.publish_url],
+                    cfg, start_url or resume.init_dir, start,
+                    weights_roots=publisher.weights_roots,
                     log_dir=local_path(join(cfg.run_dir, "servers")),
                 )  # fmt: skip
                 rollout_cfg = with_servers(cfg, fleet.addresses)
-                self._fleet = fleet
+                publisher.fleet = fleet
             if cfg.scheduler.type == "ray":
                 self._write_placement(learners, fleet)
             rollout = start_rollout(
-                rollout_cfg, start_url or init_dir, self.train, version=start,
-                state=rollout_state, weights_url=start_url,
+                rollout_cfg, start_url or resume.init_dir, self.train, version=start,
+                state=resume.rollout_state, weights_url=start_url,
             )  # fmt: skip
             if cfg.rollout.weight_sync == "distributed":
-                backend = "nccl" if cfg.cluster.n_gpus_per_node else "gloo"
-                n_servers = len(rollout_cfg.rollout.server_addresses)
-                broadcast = BroadcastSync(learners, rollout, n_servers, backend)
-                broadcast.open()
-                self._broadcast = broadcast
+                publisher.open_broadcast(
+                    learners, rollout, len(rollout_cfg.rollout.server_addresses)
+                )
             version = start
             if not self.evals:
                 self._evaluate(rollout, version)  # the starting point, same engine and settings
@@ -218,8 +198,7 @@ class Trainer:
             stats = rollout.stats()
             self._write_timeline()
         finally:
-            if broadcast is not None:
-                broadcast.close()
+            publisher.close()
             if rollout is not None:
                 rollout.close()
             if fleet is not None:
@@ -238,69 +217,38 @@ class Trainer:
     def _step(
         self, step: int, learners: LearnerHandle, rollout: RolloutHandle, totals: dict[str, float]
     ) -> int:
+        """One step in the reference loop's four phases, then publish and record; the new
+        version."""
         cfg, algo = self.config, self.config.algorithm
         if cfg.checkpoint.on_signal and self._rollout_state is None:
             # what a checkpoint at this version records: taken before the batch is drawn
             self._rollout_state = rollout.state_dict()
         engine_before = rollout.stats().get("engine")
         t0 = time.perf_counter()
+        # 1. Rollout: a batch of groups within the staleness bound.
         groups: list[Group] = rollout.prepare_batch(cfg.rollout.stall_timeout_s)
         t_wait = time.perf_counter() - t0
         # Before the update: the learner still holds the version a restarted server must serve,
         # and the publish below must not meet a dead member of the weight group.
-        self._restart_dead_servers(learners, rollout, version=step)
+        self.publisher.restart_dead_servers(learners, rollout, version=step)
+        # 2. Batch: padded rows; the critic's values and the reference where the preset uses them.
         batch = to_batch(groups, self.pad_id)
         values = learners.compute_values(batch) if algo.use_critic else None
         ref = learners.compute_ref_logprobs(batch) if algo.kl_in_reward_coef > 0 else None
+        # 3. Advantages.
         batch = with_advantages(
             batch, algo, max_new_tokens=cfg.rollout.max_new_tokens, values=values, ref_logprobs=ref
         )
+        # 4. Policy step (π_prox, ppo_n_minibatches updates, the critic): version + 1.
         stats = learners.rl_update(batch)
         version = int(stats["version"])
         self._rollout_state = None  # the step's batch is trained: a checkpoint needs a new state
         t_train = time.perf_counter() - t0 - t_wait
-        publish_s = self._publish(learners, rollout, version)
-        wall = time.perf_counter() - t0
-        staleness = [step - g.oldest_version for g in groups]
-        trajectories = [t for g in groups for t in g.trajectories]
-        interrupted = sum(  # episodes with a row that a weight update interrupted
-            len({e for e, t in zip(g.episode_of, g.trajectories, strict=True)
-                 if t.metadata.get("n_resumes", 0) > 0})
-            for g in groups
-        )  # fmt: skip
-        token_versions = [
-            v for t in trajectories for v, m in zip(t.versions, t.loss_mask, strict=True) if m
-        ]
-        n_tokens = int(batch.loss_mask.sum())
-        episode_rewards = torch.tensor([r for g in groups for r in g.rewards])
-        n_episodes = len(episode_rewards)  # a sample is an episode, however many rows it trains
-        totals["samples"] += n_episodes
-        totals["tokens"] += n_tokens
-        totals["train_s"] += t_train
-        totals["wait_s"] += t_wait
-        totals["step_s"] += wall
-        totals["publish_s"] += publish_s
-        metrics = {
-            "reward/mean": float(episode_rewards.mean()),
-            "reward/accuracy": float((episode_rewards > 0.5).float().mean()),
-            "staleness/mean": float(np.mean(staleness)),
-            "staleness/max": float(max(staleness)),
-            # per generated token (a trajectory resumed after an update mixes versions)
-            "staleness/token_mean": step - float(np.mean(token_versions))
-            if token_versions
-            else 0.0,
-            "staleness/interrupted_frac": interrupted / n_episodes,
-            "throughput/samples_per_s": n_episodes / wall,
-            "throughput/tokens_per_s": n_tokens / wall,
-            "time/wait_rollout_s": t_wait,
-            "time/train_s": t_train,
-            "time/publish_s": publish_s,
-            "time/step_s": wall,
-            "learner/busy_fraction": t_train / wall,
-            "response/mean_tokens": n_tokens / n_episodes,  # per episode
-            **{k: v for k, v in stats.items() if k.startswith(("actor/", "critic/"))},
-        }
-        metrics.update(rollout_metrics(engine_before, rollout.stats(), wall))
+        publish_s = self.publisher.publish(learners, rollout, version)
+        times = StepTimes(t_wait, t_train, publish_s, time.perf_counter() - t0)
+        self._record(step, version, groups, batch, times, t0 - self._started, totals)
+        metrics = step_metrics(step, groups, int(batch.loss_mask.sum()), stats, times)
+        metrics.update(rollout_metrics(engine_before, rollout.stats(), times.step_s))
         metrics.update(agent_metrics(groups))
         learner_cfg = cfg.learner
         metrics.update(mismatch_metrics(stats, groups, step, tolerance=learner_cfg.mismatch_tolerance,
@@ -309,11 +257,6 @@ class Trainer:
             kl = kl_penalty(batch.behaviour_logprobs, ref, algo.kl_estimator)
             metrics["reward/kl_in_reward"] = float(masked_mean(kl, batch.loss_mask))
         self.sink.log_metrics(metrics, step)
-        self._log_batch(step, version, groups, staleness)
-        self.timeline.steps.append(
-            StepRecord(step, version, t0 - self._started, t_wait, t_train, publish_s,
-                       float(np.mean(staleness)), int(max(staleness)), interrupted, n_episodes)
-        )  # fmt: skip
         logger.info(
             "step %d: reward %.3f, staleness %.2f/%d, wait %.2fs train %.2fs publish %.2fs",
             step,
@@ -329,6 +272,33 @@ class Trainer:
         return version
 
     # ------------------------------------------------------------------ pieces
+    def _record(
+        self,
+        step: int,
+        version: int,
+        groups: list[Group],
+        batch: TrainBatch,
+        times: StepTimes,
+        at_s: float,
+        totals: dict[str, float],
+    ) -> None:
+        """The step (begun ``at_s`` into the run) into the run's totals, ``batches.jsonl`` and the
+        timeline."""
+        lags = staleness(groups, step)
+        n_episodes = sum(len(g.rewards) for g in groups)
+        totals["samples"] += n_episodes
+        totals["tokens"] += int(batch.loss_mask.sum())
+        totals["train_s"] += times.train_s
+        totals["wait_s"] += times.wait_s
+        totals["step_s"] += times.step_s
+        totals["publish_s"] += times.publish_s
+        self._log_batch(step, version, groups, lags)
+        self.timeline.steps.append(
+            StepRecord(step, version, at_s, times.wait_s, times.train_s, times.publish_s,
+                       float(np.mean(lags)), int(max(lags)), interrupted_episodes(groups),
+                       n_episodes)
+        )  # fmt: skip
+
     def _log_batch(
         self, step: int, version: int, groups: list[Group], staleness: list[int]
     ) -> None:
@@ -343,43 +313,6 @@ class Trainer:
         with self.batches_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
-    def _publish(self, learners: LearnerHandle, rollout: RolloutHandle, version: int) -> float:
-        """Export the new weights and swap them into the engine(s); returns seconds."""
-        t0 = time.perf_counter()
-        if self._broadcast is not None:  # no folder: the servers receive the tensors
-            self._broadcast.publish(version)
-            return time.perf_counter() - t0
-        directory = self.publish_root / f"v{version:06d}"
-        learners.export(str(directory))
-        rollout.update_weights(self._upload(directory, version) or str(directory), version)
-        previous = self.publish_root / f"v{version - 1:06d}"
-        if previous.exists():  # the engine has loaded the new folder; the old one is done
-            shutil.rmtree(previous, ignore_errors=True)
-        if self.publish_url:
-            remove_dir(join(self.publish_url, f"v{version - 1:06d}"))
-        return time.perf_counter() - t0
-
-    def _restart_dead_servers(
-        self, learners: LearnerHandle, rollout: RolloutHandle, version: int
-    ) -> None:
-        """Servers of this run that died are started again from the learner's current policy
-        (``version``) and rejoin. Meanwhile their requests went to the others (the client
-        resubmits them whole), so no episode is lost or counted twice."""
-        dead = self._fleet.dead() if self._fleet is not None else []
-        if not dead:
-            return
-        folder = self.publish_root / f"v{version:06d}"
-        if not folder.is_dir():
-            learners.export(str(folder))
-        source = self._upload(folder, version) or str(folder)
-        addresses = self._fleet.restart(dead, source, version)
-        if self._broadcast is not None:  # the group had a fixed membership: form it again
-            self._broadcast.close()
-            self._broadcast.open()
-            shutil.rmtree(folder, ignore_errors=True)  # no publish will replace this folder
-        rollout.restore_servers(addresses)
-        logger.warning("restarted inference server(s) %s at version %d", addresses, version)
-
     def _write_placement(self, learners: LearnerHandle, fleet: ServerFleet | None) -> None:
         """``placement.json``: the Ray node of each learner rank and server (for operators)."""
         placement = {
@@ -388,25 +321,6 @@ class Trainer:
         }
         write_json(join(self.config.run_dir, "placement.json"), placement)
         logger.info("placement: %s", placement)
-
-    def _share(self, directory: str, name: str) -> str:
-        """``directory``, or its copy under :attr:`publish_url` (uploaded once) for nodes without
-        the driver's disk."""
-        if self.publish_url is None:
-            return directory
-        url = join(self.publish_url, name)
-        if not exists(join(url, "config.json")):
-            upload_dir(directory, url)
-        return url
-
-    def _upload(self, directory: Path, version: int) -> str | None:
-        """``directory`` uploaded as ``version`` under :attr:`publish_url`, when servers fetch
-        weights from there; its URL (else None: they read local folders)."""
-        if self.publish_url is None:
-            return None
-        url = join(self.publish_url, f"v{version:06d}")
-        upload_dir(directory, url)
-        return url
 
     def _evaluate(self, rollout: RolloutHandle, version: int) -> None:
         t0 = time.perf_counter()
@@ -445,16 +359,9 @@ class Trainer:
         path = self.ckpt.path(version)
         self.ckpt.begin(version)
         learners.save_checkpoint(join(path, "learner"))
-        self._write_hf(learners, version, join(path, "hf"))
-        recover = {
-            "version": version,
-            "rollout": rollout_state if rollout_state is not None else rollout.state_dict(),
-            "rng": _rng_state(),
-            "config_hash": config_hash(self.config),
-            "config": run_params(self.config),
-            "evals": self.evals,
-        }
-        self.ckpt.commit(version, recover)
+        self.publisher.write_hf(learners, version, join(path, "hf"))
+        state = rollout_state if rollout_state is not None else rollout.state_dict()
+        self.ckpt.commit(version, self.recovery.record(version, state, self.evals))
         self._saved = version
         self.timeline.pause("checkpoint", t0 - self._started, time.perf_counter() - t0)
 
@@ -487,71 +394,6 @@ class Trainer:
         except Exception:  # the run is stopping anyway: say so and let the signal win
             logger.exception("the final checkpoint failed")
 
-    def _recover(self) -> tuple[int, str, dict[str, Any] | None]:
-        """(start version, folder to start the engine from, rollout state) — fresh or resumed.
-
-        Resumes from the newest committed checkpoint that passes :meth:`CheckpointManager.problems`;
-        a corrupt newer one is skipped with a warning saying why.
-        """
-        if self.config.checkpoint.recover != "auto":
-            self._truncate_batches(0)
-            return 0, self.model_dir, None
-        step = None
-        for candidate in reversed(self.ckpt.committed_steps()):
-            problems = self.ckpt.problems(candidate)
-            if not problems:
-                step = candidate
-                break
-            logger.warning(
-                "recover=auto: skipping checkpoint %s: %s",
-                self.ckpt.path(candidate),
-                "; ".join(problems),
-            )
-        if step is None:
-            logger.info(
-                "recover=auto: no valid committed checkpoint under %s, starting fresh",
-                self.ckpt.url,
-            )
-            self._truncate_batches(0)
-            return 0, self.model_dir, None
-        recover = self.ckpt.load_recover(step)
-        if recover["config_hash"] != config_hash(self.config):
-            changes = config_changes(recover.get("config", {}), self.config)
-            logger.warning(
-                "resuming %s with a config that differs from the checkpoint's: %s",
-                self.ckpt.path(step),
-                "; ".join(changes) or "(the checkpoint does not list its config)",
-            )
-        _set_rng_state(recover["rng"])
-        self.evals = list(recover.get("evals", []))
-        hf_local = download_dir(join(self.ckpt.path(step), "hf"))
-        version = int(recover["version"])
-        logger.info("recover=auto: resuming from %s (version %d)", self.ckpt.path(step), version)
-        self._truncate_batches(version)
-        # The engine starts from the checkpoint's HF export at its version: ours loads it, the
-        # run's servers are launched from it, running servers are sent it (RolloutWorker).
-        return version, str(hf_local), recover["rollout"]
-
-    def _truncate_batches(self, start: int) -> None:
-        """Drop ``batches.jsonl`` rows of steps ≥ ``start``: the resumed run trains them again.
-
-        The file grows locally; a remote run folder's copy (uploaded at the end) is fetched first.
-        """
-        remote = join(self.config.run_dir, "batches.jsonl")
-        if not self.batches_path.exists() and not is_local(remote) and exists(remote):
-            download_file(remote, self.batches_path)
-        if not self.batches_path.exists():
-            return
-        lines = self.batches_path.read_text().splitlines(keepends=True)
-        kept = [line for line in lines if line.strip() and json.loads(line)["step"] < start]
-        if len(kept) < len(lines):
-            logger.info(
-                "batches.jsonl: dropped %d rows of steps >= %d", len(lines) - len(kept), start
-            )
-            staging = self.batches_path.with_suffix(".jsonl.tmp")
-            staging.write_text("".join(kept))
-            staging.replace(self.batches_path)
-
     def _write_timeline(self) -> None:
         """``timeline.json`` / ``timeline.png`` beside the run (uploaded for a remote run folder)."""
         url = join(self.config.run_dir, "timeline")
@@ -562,20 +404,8 @@ class Trainer:
             logger.exception("could not write the timeline")
 
     def _export(self, learners: LearnerHandle, version: int) -> str:
-        return str(self._write_hf(learners, version, join(self.config.run_dir, "final")))
-
-    def _write_hf(self, learners: LearnerHandle, version: int, url: str) -> Path:
-        """The policy at ``version`` as a HF folder at ``url``: a copy of the folder just published
-        to the engine when there is one (no second full-state gather), else a fresh export."""
-        out = local_path(url)
-        published = self.publish_root / f"v{version:06d}"
-        if published.is_dir():
-            shutil.rmtree(out, ignore_errors=True)
-            shutil.copytree(published, out)
-        else:
-            learners.export(str(out))
-        upload_dir(out, url)  # a no-op for a local url
-        return out
+        final = join(self.config.run_dir, "final")
+        return str(self.publisher.write_hf(learners, version, final))
 
     @staticmethod
     def _due(every: int, step: int) -> bool:

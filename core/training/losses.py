@@ -98,6 +98,34 @@ class SFTLoss(_MaskAggregatedLoss):
         return loss, {"nll": masked_mean(-outputs.detach(), micro.loss_mask)}
 
 
+@dataclass(frozen=True)
+class ProximalPlan:
+    """Where one update takes π_prox from (AReaL's decoupled PPO, arXiv 2505.24298): the one
+    place this is decided (:func:`proximal_plan`), read by the learner worker and
+    :class:`PolicyLoss`."""
+
+    recompute: bool  # a no-grad pass over the batch before the update gives `proximal_logprobs`
+    from_training_pass: bool  # the training pass is π_prox exactly (`proximal_is_current`)
+
+    @property
+    def exact_logprobs(self) -> bool:
+        """Whether the learner's exact log-probs under the update's starting weights are at
+        hand (what the train/inference mismatch check compares with the engine's)."""
+        return self.recompute or self.from_training_pass
+
+
+def proximal_plan(config: AlgorithmConfig, *, has_dropout: bool) -> ProximalPlan:
+    """π_prox is the learner's weights before this update. With one optimiser step per update
+    (``ppo_n_minibatches=1``) the training forward pass computes exactly that, so the separate
+    no-grad pass is needed only when minibatches follow each other, and only for the decoupled
+    objective without the log-linear approximation (which needs no pass: see
+    :func:`~core.algorithms.loglinear_proximal_logprobs`). Dropout makes the training pass
+    random, so a model with dropout always recomputes."""
+    one_step = config.ppo_n_minibatches == 1 and not has_dropout
+    recompute = config.decoupled and not config.use_loglinear_proximal and not one_step
+    return ProximalPlan(recompute=recompute, from_training_pass=one_step)
+
+
 @dataclass
 class PolicyLoss:
     """(Decoupled) PPO policy loss from an ``AlgorithmConfig``, plus its KL and entropy terms.
@@ -108,7 +136,8 @@ class PolicyLoss:
     at the start of the update, the version of the weights π_prox stands for); ``ref_logprobs`` when
     ``kl_coef > 0``. Without ``decoupled`` the behaviour log-probs are PPO's π_old.
 
-    ``proximal_is_current=True`` takes π_prox from the training forward pass itself (detached)
+    ``proximal_is_current=True`` (:attr:`ProximalPlan.from_training_pass`, decided by
+    :func:`proximal_plan`) takes π_prox from the training forward pass itself (detached)
     instead of the ``proximal_logprobs`` field. That is exact when the update is a single
     optimiser step (``ppo_n_minibatches=1``): every micro-batch is then evaluated with the
     weights of the start of the step, which is what π_prox is, and the separate no-grad forward

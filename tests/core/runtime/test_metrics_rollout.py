@@ -41,3 +41,31 @@ def test_agent_metrics_count_each_episode_once() -> None:
     group = Group.of_episodes("p", [[row(2), row(2)], [row(0)]], 0)
     assert agent_metrics([group]) == {"agent/tool_call_share": 0.5, "agent/tool_calls_mean": 1.0}
     assert agent_metrics([Group("q", [row(None)], 0)]) == {}  # a workflow that does not count
+
+
+def test_step_metrics_count_episodes_tokens_and_staleness() -> None:
+    from core.rollout.api import Group, Trajectory
+    from core.runtime.metrics import StepTimes, interrupted_episodes, staleness, step_metrics
+
+    def row(versions: list[int], reward: float, resumed: bool = False) -> Trajectory:
+        n = len(versions)
+        meta = {"n_resumes": 1} if resumed else {}
+        mask = [0] + [1] * (n - 1)
+        return Trajectory(list(range(n)), mask, [0.0] * n, [-1, *versions[1:]], reward, 1, meta)
+
+    # step 5: group a generated at version 4 (one episode interrupted: tokens of 4 and 5),
+    # group b at version 2; 3 episodes, 6 trained tokens
+    a = Group("a", [row([0, 4, 5], 1.0, resumed=True), row([0, 4], 0.0)], 4)
+    b = Group("b", [row([0, 2, 2], 1.0)], 2)
+    times = StepTimes(wait_s=1.0, train_s=2.5, publish_s=0.5, step_s=4.0)
+    got = step_metrics(5, [a, b], 5, {"actor/loss": 0.25, "version": 6.0}, times)
+    assert staleness([a, b], 5) == [1, 3] and interrupted_episodes([a, b]) == 1
+    assert got["reward/mean"] == pytest.approx(2 / 3)
+    assert got["reward/accuracy"] == pytest.approx(2 / 3)
+    assert got["staleness/mean"] == 2.0 and got["staleness/max"] == 3.0
+    assert got["staleness/token_mean"] == pytest.approx(5 - (4 + 5 + 4 + 2 + 2) / 5)
+    assert got["staleness/interrupted_frac"] == pytest.approx(1 / 3)
+    assert got["throughput/samples_per_s"] == 0.75 and got["throughput/tokens_per_s"] == 1.25
+    assert got["learner/busy_fraction"] == 0.625 and got["time/publish_s"] == 0.5
+    assert got["response/mean_tokens"] == pytest.approx(5 / 3)
+    assert got["actor/loss"] == 0.25 and "version" not in got  # only actor/ and critic/ stats

@@ -182,3 +182,23 @@ def test_loglinear_proximal_ratio_moves_in_later_minibatches(model_dir, tokenize
     first, second = learner.update(batch, loss, n_minibatches=2)
     assert first["ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # θ = π_behav at the start
     assert abs(second["ratio_mean"] - 1.0) > 1e-3 and second["clip_frac"] > 0
+
+
+@pytest.mark.parametrize(
+    ("settings", "dropout", "recompute", "training_pass"),
+    [
+        ({}, False, True, False),  # 4 minibatches: π_prox must be computed before the first
+        ({"ppo_n_minibatches": 1}, False, False, True),  # one step: the training pass is π_prox
+        ({"ppo_n_minibatches": 1}, True, True, False),  # ... unless dropout makes it random
+        ({"use_loglinear_proximal": True}, False, False, False),  # no pass: the approximation
+        ({"decoupled": False}, False, False, False),  # plain PPO: π_old is the behaviour policy
+    ],
+)
+def test_the_proximal_plan_is_decided_in_one_place(
+    settings: dict, dropout: bool, recompute: bool, training_pass: bool
+) -> None:
+    from core.training.losses import proximal_plan
+
+    plan = proximal_plan(AlgorithmConfig(**settings), has_dropout=dropout)
+    assert (plan.recompute, plan.from_training_pass) == (recompute, training_pass)
+    assert plan.exact_logprobs == (recompute or training_pass)
