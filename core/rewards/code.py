@@ -11,7 +11,7 @@ works through ``data.source=dataset`` (``data.answer_key=tests``; a list column 
 
 **Scoring.** Code that does not compile scores 0 without a sandbox run (the held-out eval reports
 the share of completions that compile, :func:`compiles`). Otherwise one process
-from :func:`core.rollout.sandbox.run_python` (jailed; memory, CPU and wall-time limits; no
+from :func:`core.sandbox.run_python` (jailed; memory, CPU and wall-time limits; no
 network, no writes outside its tmpfs) runs the solution, then each test, and writes a line
 tagged with a per-call random nonce for each test that passed; the solution's own ``print``
 goes to ``/dev/null``. :func:`tests_passed_fraction` is passed / tests; :func:`all_tests_pass`
@@ -51,7 +51,7 @@ from collections import Counter
 from typing import Any
 
 from core.rewards.registry import blocking, with_completion_metrics
-from core.rollout.sandbox import SandboxLimits, ToolResult, run_python
+from core.sandbox import SandboxLimits, ToolResult, run_python
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.rollout.sandbox import DEFAULT_LIMITS, SandboxLimits, run_python
+from core.sandbox import DEFAULT_LIMITS, SandboxLimits, run_python
 
 log = logging.getLogger(__name__)
 

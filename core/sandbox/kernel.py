@@ -1,6 +1,6 @@
 """The jail a ``<python>`` tool process starts in: namespaces, uid map, mount view, seccomp.
 
-:mod:`core.rollout.sandbox` runs this file as a script, ``python -I -S -B sandbox_kernel.py
+:mod:`core.sandbox.run` runs this file as a script, ``python -I -S -B kernel.py
 CONFIG`` (standard library only), and imports it for :data:`FEATURES`. Every isolation decision
 here is the kernel's and is made before the tool interpreter starts, so nothing the tool code
 does in Python (patching ``os``/``posixpath``, ctypes, C extensions) can undo it.

@@ -3,7 +3,7 @@
 Defence in depth and clearer errors ("sandbox: os.fork is not allowed"), not the boundary: the
 hook lives in the interpreter it watches, so tool code can get past it (patching
 ``posixpath.abspath`` defeats its path checks, for one). The boundary is the kernel's
-(:mod:`core.rollout.sandbox_kernel`). The prelude reads the source from stdin, installs a PEP 578
+(:mod:`core.sandbox.kernel`). The prelude reads the source from stdin, installs a PEP 578
 audit hook that raises PermissionError on: non-AF_UNIX sockets, DNS lookups, unix sockets
 outside the workdir; writes/creates/renames/deletes/chmods outside the workdir; opening
 directories or other processes' ``/proc/<pid>`` files outside it; fork, exec, subprocess,

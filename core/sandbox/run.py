@@ -1,6 +1,6 @@
 """Run model-written Python in a jailed, limited process (the ``<python>`` tool).
 
-The boundary is the kernel's, set up by :mod:`core.rollout.sandbox_kernel` before the tool's
+The boundary is the kernel's, set up by :mod:`core.sandbox.kernel` before the tool's
 interpreter starts, so nothing the tool code does in Python can lift it:
 
 * uid/gid 65534 ("nobody") through a user namespace, no capabilities, ``no_new_privs``; when
@@ -46,13 +46,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from core.rollout.sandbox_kernel import FEATURES, NOBODY, WORKDIR
-from core.rollout.sandbox_prelude import PRELUDE as _PRELUDE  # tests swap it: keep the name
+from core.sandbox.kernel import FEATURES, NOBODY, WORKDIR
+from core.sandbox.prelude import PRELUDE as _PRELUDE  # tests swap it: keep the name
 
 log = logging.getLogger(__name__)
 
 ISOLATION_MODES = ("strict", "best_effort")
-_JAIL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_kernel.py")
+_JAIL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel.py")
 _STDERR_TAIL_BYTES = 4096
 _MAX_CODE_BYTES = 1 << 20
 _IO_GRACE_S = 1.0

@@ -15,8 +15,8 @@ from core.rewards.code import all_tests_pass, extract_code, parse_tests
 from core.rewards.code import tests_passed_fraction as fraction  # not collected as a test
 from core.rewards.registry import SafeReward, bind_settings, completion_metrics
 from core.rewards.verifier_pool import InlineScorer, VerifierPool, make_scorer, scorer_from_config
-from core.rollout import sandbox
-from core.rollout.sandbox import Isolation
+from core.sandbox import Isolation
+from core.sandbox import run as sandbox
 
 TESTS = json.dumps(["assert f(1) == 4", "assert f(2) == 5", "assert f(-3) == 0"])
 RIGHT = "def f(x):\n    return x + 3"

@@ -16,8 +16,8 @@ from core.data.templates import render_prompt
 from core.inference.api import GenerationRequest, GenerationResponse, SamplingParams
 from core.models.tokenizer import train_tokenizer
 from core.rollout.agent import ToolAgentWorkflow
-from core.rollout.sandbox import SandboxLimits
 from core.rollout.tools import ToolBox
+from core.sandbox import SandboxLimits
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from core.rollout.sandbox import SandboxLimits
 from core.rollout.tools import STOP_STRINGS, ToolBox, ToolCall, calculator, find_tool_call
+from core.sandbox import SandboxLimits
 
 pytestmark = pytest.mark.unit
 

@@ -17,9 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from core.rollout import sandbox, sandbox_kernel
-from core.rollout.sandbox import Isolation, SandboxLimits, ToolResult, netns_available, run_python
-from core.rollout.sandbox_kernel import FEATURES, seccomp_program
+from core.sandbox import Isolation, SandboxLimits, ToolResult, netns_available, run_python
+from core.sandbox import kernel as sandbox_kernel
+from core.sandbox import run as sandbox
+from core.sandbox.kernel import FEATURES, seccomp_program
 from tests.processes import live_descendants
 
 pytestmark = pytest.mark.unit
@@ -322,7 +323,7 @@ def test_probe_does_without_the_view_when_the_interpreter_cannot_start_in_it(
 NON_ROOT_CALLER = """
 import asyncio, sys
 sys.path.insert(0, {root!r})
-from core.rollout.sandbox import SandboxLimits, isolation, run_python
+from core.sandbox import SandboxLimits, isolation, run_python
 code = (
     "import os\\nprint(open('/proc/self/uid_map').read().split(), os.getcwd())\\n"
     "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')])\\n"

@@ -27,8 +27,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from core.rollout import sandbox
-from core.rollout.sandbox import SandboxLimits, ToolResult, run_python
+from core.sandbox import SandboxLimits, ToolResult, run_python
+from core.sandbox import run as sandbox
 from tests.processes import live_descendants
 
 pytestmark = pytest.mark.unit

@@ -1,0 +1,30 @@
+"""Running untrusted Python (tool calls, code completions under test) inside a jail.
+
+:func:`run_python` (in :mod:`core.sandbox.run`) runs a program in a fresh process behind the
+kernel's boundary (namespaces, seccomp, rlimits: :mod:`core.sandbox.kernel`, with the
+:mod:`core.sandbox.prelude` as defence in depth) and returns a :class:`ToolResult`; user-code
+failures land there, never as exceptions. Used by the tagged-tool workflow's ``python`` tool
+(:mod:`core.rollout.tools`) and the code reward (:mod:`core.rewards.code`).
+"""
+
+from core.sandbox.run import (
+    DEFAULT_LIMITS,
+    ISOLATION_MODES,
+    Isolation,
+    SandboxLimits,
+    ToolResult,
+    isolation,
+    netns_available,
+    run_python,
+)
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "ISOLATION_MODES",
+    "Isolation",
+    "SandboxLimits",
+    "ToolResult",
+    "isolation",
+    "netns_available",
+    "run_python",
+]
