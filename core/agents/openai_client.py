@@ -42,7 +42,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from core.agents.chat import (
+from core.data.prompting import end_of_turn_ids
+from core.inference.api import GenerationRequest, InferenceEngine, SamplingParams, generate_resuming
+from core.inference.chat import (
     assistant_message,
     completion_body,
     finish_reason,
@@ -50,9 +52,7 @@ from core.agents.chat import (
     normalize_messages,
     render,
 )
-from core.agents.tool_calls import parse_tool_calls
-from core.data.prompting import end_of_turn_ids
-from core.inference.api import GenerationRequest, InferenceEngine, SamplingParams, generate_resuming
+from core.inference.tool_calls import parse_tool_calls
 from core.rollout.api import Trajectory, derive_seed
 
 logger = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from core.agents.latency import ToolClock, episode_seed
-from core.agents.tool_calls import error_message
 from core.agents.workflow import AgentEpisode
+from core.inference.tool_calls import error_message
 
 RunTool = Callable[[str, str | None], str]  # (name, JSON arguments) -> the result text
 

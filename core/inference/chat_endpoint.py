@@ -17,17 +17,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.agents.chat import (
+from core.data.prompting import end_of_turn_ids
+from core.inference.api import GenerationRequest
+from core.inference.chat import (
     assistant_message,
     completion_body,
     finish_reason,
     normalize_messages,
     render,
 )
-from core.agents.tool_calls import parse_tool_calls
-from core.data.prompting import end_of_turn_ids
-from core.inference.api import GenerationRequest
 from core.inference.hf_engine import HFEngine
+from core.inference.tool_calls import parse_tool_calls
 from core.inference.validation import RequestError, RequestLimits, parse_sampling
 
 # OpenAI chat-completion fields we accept; those we do not act on are harmless hints.

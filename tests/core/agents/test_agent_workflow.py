@@ -72,7 +72,7 @@ def test_bad_agents_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="rollout.agent"):
         load_config(QUICKSTART, [*agent, "rollout.agent=core.agents.examples:nope"])
     with pytest.raises(ConfigError, match="must be an async function"):
-        load_config(QUICKSTART, [*agent, "rollout.agent=core.agents.tool_calls:error_message"])
+        load_config(QUICKSTART, [*agent, "rollout.agent=core.inference.tool_calls:error_message"])
     calculator = [*agent, "rollout.agent=core.agents.examples:calculator_agent"]
     with pytest.raises(ConfigError, match="rollout.trajectory_mode='per_step' is not one of"):
         load_config(QUICKSTART, [*calculator, "rollout.trajectory_mode=per_step"])

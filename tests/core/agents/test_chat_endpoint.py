@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from core.agents.chat import render
+from core.inference.chat import render
 from tests.core.inference.helpers import ServerThread
 
 pytestmark = pytest.mark.integration

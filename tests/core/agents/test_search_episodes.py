@@ -10,11 +10,11 @@ import re
 import pytest
 
 from core.agents import search_agent
-from core.agents.chat import render
 from core.agents.search_env import TOOLS, run_tool, search_index
 from core.config import load_config
 from core.data.prompting import Prompter
 from core.data.search_synthetic import SearchSpec, generate_search_questions
+from core.inference.chat import render
 from core.models.presets import MODEL_PRESETS
 from core.rewards.registry import resolve_reward
 from core.runtime.sft import _example

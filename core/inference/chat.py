@@ -2,8 +2,8 @@
 
 Both the in-process client (:mod:`core.agents.openai_client`) and the server's
 ``POST /v1/chat/completions`` render ``messages`` (+ ``tools``) with the tokenizer's chat
-template, generate from the ids, split the reply with :func:`core.agents.tool_calls.parse_tool_calls`
-and answer with the OpenAI ``chat.completion`` body built here. One code path, so an agent sees
+template, generate from the ids, split the reply with
+:func:`core.inference.tool_calls.parse_tool_calls` and answer with the OpenAI ``chat.completion`` body built here. One code path, so an agent sees
 the same thing in the trainer's process and through the ``openai`` package against our server.
 
 Real chat models bring their own template; the tiny models we build get
@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from core.agents.tool_calls import ParsedTurn
+from core.inference.tool_calls import ParsedTurn
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

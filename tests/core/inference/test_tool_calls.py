@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from core.agents.tool_calls import error_message, parse_tool_calls
+from core.inference.tool_calls import error_message, parse_tool_calls
 
 pytestmark = pytest.mark.unit
 
