@@ -70,3 +70,28 @@ def test_reference_loop_matches_the_trainer_at_eta_0(tmp_path: Path) -> None:
     apart = sum(float((ours[n] - final[n]).pow(2).sum()) for n in final) ** 0.5
     moved = sum(float((final[n] - start[n]).pow(2).sum()) for n in final) ** 0.5
     assert moved > 1e-3 and apart < 1e-3 * moved, (apart, moved)
+
+
+@pytest.mark.e2e
+def test_the_reference_starts_from_nothing(tmp_path: Path) -> None:
+    """Without --model the script builds the tiny model and its SFT warm start itself."""
+    import subprocess
+    import sys
+
+    overrides = [f"cluster.fileroot={tmp_path}", "experiment.trial=scratch", "data.n_train=32",
+                 "data.n_test=8", "sft.steps=4", "sft.batch_size=8", "rollout.batch_size=2",
+                 "algorithm.group_size=2", "rollout.max_new_tokens=6"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "experiments/reference_grpo.py", "--steps", "2", *overrides],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [
+        line.split(":")[0] for line in done.stdout.splitlines() if line.startswith("step ")
+    ] == [
+        "step 0",
+        "step 1",
+    ]
+    run_dir = tmp_path / "quickstart" / "scratch"
+    assert (run_dir / "model_init" / "config.json").is_file()  # built here
+    assert (run_dir / "sft" / "config.json").is_file()  # and warm-started here
