@@ -8,7 +8,22 @@ object, with an error that names the path and what is wrong with it.
 from __future__ import annotations
 
 import importlib
+import logging
 import re
+
+log = logging.getLogger(__name__)
+
+# Modules moved since earlier releases: a config (or a run's saved config.yaml) that names the old
+# module still loads, with a warning naming the new one. Python imports of the old names do not.
+MOVED: dict[str, str] = {
+    "core.rollout.rlvr": "core.workflows.rlvr",
+    "core.rollout.agent": "core.workflows.tagged_tools",
+    "core.rollout.tools": "core.workflows.tools",
+    "core.agents.workflow": "core.workflows.openai_agent",
+    **{f"core.agents.{name}": f"core.workflows.{name}" for name in (
+        "openai_client", "tool_loop", "latency", "examples", "search_env", "search_agent")},
+    "core.data.search_synthetic": "core.workflows.search_data",
+}  # fmt: skip
 
 _PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
@@ -22,6 +37,10 @@ def load_object(path: str, what: str = "plug-in") -> object:
     if not isinstance(path, str) or _PATH.fullmatch(path.strip()) is None:
         raise ValueError(f"{what} path {path!r} is not of the form 'module.sub:attribute'")
     module_name, _, attr_path = path.strip().partition(":")
+    if module_name in MOVED:
+        log.warning("%s %r: module %r is now %r; update the path", what, path, module_name,
+                    MOVED[module_name])  # fmt: skip
+        module_name = MOVED[module_name]
     try:
         target: object = importlib.import_module(module_name)
     except ImportError as exc:

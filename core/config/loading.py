@@ -274,7 +274,7 @@ def validate(config: Config) -> None:
             raise ConfigError(f"{key}: {err}") from None
     agent_workflow = config.rollout.workflow.endswith(":OpenAIAgentWorkflow")
     if config.rollout.agent or agent_workflow:
-        from core.agents.workflow import load_agent  # transformers: only when used
+        from core.workflows.openai_agent import load_agent  # transformers: only when used
 
         try:
             load_agent(config.rollout.agent)
@@ -283,7 +283,7 @@ def validate(config: Config) -> None:
     if config.rollout.trajectory_mode == "per_turn" and not agent_workflow:
         raise ConfigError(
             "rollout.trajectory_mode=per_turn needs the agent workflow "
-            f"(rollout.workflow=core.agents.workflow:OpenAIAgentWorkflow), got "
+            f"(rollout.workflow=core.workflows.openai_agent:OpenAIAgentWorkflow), got "
             f"rollout.workflow={config.rollout.workflow!r}"
         )
     r = config.rollout

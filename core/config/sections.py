@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from core.algorithms.config import AlgorithmConfig
 from core.data.code_synthetic import CodeSpec
-from core.data.search_synthetic import SearchSpec
 from core.data.synthetic import SyntheticSpec
 from core.schema import documented
+from core.workflows.search_data import SearchSpec
 
 
 class ConfigError(ValueError):
@@ -319,7 +319,7 @@ class RolloutConfig:
     top_p: float = documented(1.0, "Nucleus sampling; 1.0 = off.")
     top_k: int = documented(0, "Top-k sampling; 0 = off.")
     workflow: str = documented(
-        "core.rollout.rlvr:RLVRWorkflow", "Episode workflow, by import path."
+        "core.workflows.rlvr:RLVRWorkflow", "Episode workflow, by import path."
     )
     reward_fn: str = documented(
         "core.rewards.gsm8k:gsm8k_reward",
@@ -357,7 +357,7 @@ class RolloutConfig:
     )
     agent: str = documented(
         "",
-        "Agent workflow (core.agents.workflow:OpenAIAgentWorkflow): the async function that plays "
+        "Agent workflow (core.workflows.openai_agent:OpenAIAgentWorkflow): the async function that plays "
         "an episode with an OpenAI-shaped client, by import path (module:function).",
     )
     trajectory_mode: str = documented(

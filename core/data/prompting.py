@@ -14,42 +14,22 @@ and scored on exactly the tokens it is sampled with.
 
 Generation stops at EOS and, for ``chat``, at the template's end-of-turn token(s) — found by
 rendering an assistant turn and reading which special tokens close it (``<|im_end|>`` for Qwen,
-``<|eot_id|>`` for Llama 3). SFT targets end with the same token a sampled answer ends with.
+``<|eot_id|>`` for Llama 3; :func:`core.models.chat_template.end_of_turn_ids`). SFT targets end with the same token a sampled answer ends with.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core.data.templates import render_prompt, template_problems
 from core.inference.stop_strings import stop_string_problems
+from core.models.chat_template import end_of_turn_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase  # not at CLI start-up
 
 PROMPT_FORMATS = ("template", "chat")
-_PROBE = "\x1fasyncrl-probe\x1f"  # an assistant reply no template contains
-
-
-def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The special tokens the chat template closes an assistant turn with (worked out once per
-    tokenizer and template: the chat endpoint and every agent episode ask for them)."""
-    template = getattr(tokenizer, "chat_template", None)
-    return list(_end_of_turn_ids(tokenizer, str(template), len(tokenizer)))
-
-
-@functools.lru_cache(maxsize=16)
-def _end_of_turn_ids(tokenizer: PreTrainedTokenizerBase, template: str, size: int) -> tuple:
-    """``template`` and ``size`` are keys only: a tokenizer changed in place is worked out anew."""
-    messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
-    tail = str(text).split(_PROBE, 1)[-1]
-    special = set(tokenizer.all_special_ids) | {
-        i for i, tok in tokenizer.added_tokens_decoder.items() if tok.special
-    }
-    return tuple(i for i in tokenizer(tail, add_special_tokens=False)["input_ids"] if i in special)
 
 
 def sft_target(sample: dict[str, Any]) -> str:

@@ -88,7 +88,7 @@ class SyntheticSpec:
         "Give TRAINING rows a solved agent conversation for SFT (sft_messages, with tools): one "
         "OpenAI-style calc tool call per worked step, its result as a tool turn, then the "
         "worked answer; direct rows answer at once. For agents written against the OpenAI "
-        "client (core.agents.examples:calculator_agent, data.prompt_format=chat).",
+        "client (core.workflows.examples:calculator_agent, data.prompt_format=chat).",
     )
     tool_answer: str = documented(
         "worked",
@@ -293,7 +293,7 @@ def _to_sample(
     return sample
 
 
-# The calculator as an OpenAI tool (core.agents.examples:calculator_agent offers the same one).
+# The calculator as an OpenAI tool (core.workflows.examples:calculator_agent offers the same one).
 CALCULATOR_TOOL = {
     "type": "function",
     "function": {

@@ -1,6 +1,6 @@
 """Chat completions in the OpenAI shape over token ids: rendering, parsing, the response body.
 
-Both the in-process client (:mod:`core.agents.openai_client`) and the server's
+Both the in-process client (:mod:`core.workflows.openai_client`) and the server's
 ``POST /v1/chat/completions`` render ``messages`` (+ ``tools``) with the tokenizer's chat
 template, generate from the ids, split the reply with
 :func:`core.inference.tool_calls.parse_tool_calls` and answer with the OpenAI ``chat.completion`` body built here. One code path, so an agent sees

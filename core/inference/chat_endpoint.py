@@ -2,7 +2,7 @@
 
 Agent code in another process or framework points the real ``openai`` package at the server
 (``OpenAI(base_url="http://host:port/v1", api_key=...)``) and gets what the in-process client
-(:mod:`core.agents.openai_client`) returns: the messages rendered with the model's chat template
+(:mod:`core.workflows.openai_client`) returns: the messages rendered with the model's chat template
 (tools included), the reply split into content and ``tool_calls`` (Hermes/Qwen
 ``<tool_call>`` JSON; malformed calls listed in ``message.tool_call_errors``), ``usage``, and on
 the choice our extension for training, ``token_ids``, ``token_logprobs`` and ``token_versions``.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.data.prompting import end_of_turn_ids
 from core.inference.api import GenerationRequest
 from core.inference.chat import (
     assistant_message,
@@ -29,6 +28,7 @@ from core.inference.chat import (
 from core.inference.hf_engine import HFEngine
 from core.inference.tool_calls import parse_tool_calls
 from core.inference.validation import RequestError, RequestLimits, parse_sampling
+from core.models.chat_template import end_of_turn_ids
 
 # OpenAI chat-completion fields we accept; those we do not act on are harmless hints.
 _USED = {"messages", "tools", "max_tokens", "max_completion_tokens", "temperature", "top_p",

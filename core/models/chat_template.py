@@ -11,6 +11,8 @@ tag is dropped), so newlines that follow a tag are written as ``{{ '\n' }}``.
 
 from __future__ import annotations
 
+import functools
+
 from transformers import PreTrainedTokenizerBase
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -51,3 +53,25 @@ def add_chat_format(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBa
     tokenizer.add_tokens(TOOL_TAGS)
     tokenizer.chat_template = TOOL_CHAT_TEMPLATE
     return tokenizer
+
+
+_PROBE = "\x1fasyncrl-probe\x1f"  # an assistant reply no template contains
+
+
+def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The special tokens the chat template closes an assistant turn with (worked out once per
+    tokenizer and template: the chat endpoint and every agent episode ask for them)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return list(_end_of_turn_ids(tokenizer, str(template), len(tokenizer)))
+
+
+@functools.lru_cache(maxsize=16)
+def _end_of_turn_ids(tokenizer: PreTrainedTokenizerBase, template: str, size: int) -> tuple:
+    """``template`` and ``size`` are keys only: a tokenizer changed in place is worked out anew."""
+    messages = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    tail = str(text).split(_PROBE, 1)[-1]
+    special = set(tokenizer.all_special_ids) | {
+        i for i, tok in tokenizer.added_tokens_decoder.items() if tok.special
+    }
+    return tuple(i for i in tokenizer(tail, add_special_tokens=False)["input_ids"] if i in special)

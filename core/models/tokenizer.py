@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
-# Agent tool tags (core.rollout.tools) as single, non-special tokens: decoding keeps them, and a
+# Agent tool tags (core.workflows.tools) as single, non-special tokens: decoding keeps them, and a
 # closing tag can be a stop token so a model turn ends exactly at its tool call.
 TOOL_TAG_TOKENS = ["<calc>", "</calc>", "<python>", "</python>", "<result>", "</result>"]
 

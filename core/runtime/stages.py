@@ -21,7 +21,6 @@ from core.config.loading import lora_target_problem
 from core.data.code_synthetic import generate_code_splits
 from core.data.gsm8k import load_gsm8k
 from core.data.prompting import Prompter, sft_target
-from core.data.search_synthetic import generate_search_splits
 from core.data.synthetic import generate_splits
 from core.data.tabular import (
     ColumnError,
@@ -47,6 +46,7 @@ from core.storage import (
     write_json,
     write_jsonl,
 )
+from core.workflows.search_data import generate_search_splits
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 kernel's boundary (namespaces, seccomp, rlimits: :mod:`core.sandbox.kernel`, with the
 :mod:`core.sandbox.prelude` as defence in depth) and returns a :class:`ToolResult`; user-code
 failures land there, never as exceptions. Used by the tagged-tool workflow's ``python`` tool
-(:mod:`core.rollout.tools`) and the code reward (:mod:`core.rewards.code`).
+(:mod:`core.workflows.tools`) and the code reward (:mod:`core.rewards.code`).
 """
 
 from core.sandbox.run import (

@@ -20,6 +20,7 @@ from core.config import (
     stamp_trial,
     to_yaml,
 )
+from core.plugins import load_object
 
 pytestmark = pytest.mark.unit
 
@@ -46,7 +47,7 @@ def test_shipped_configs_validate() -> None:
     assert gpu.model.dtype == "bfloat16"
     agent = load_config(ROOT / "experiments" / "agent_tools.yaml")
     assert (
-        agent.rollout.workflow == "core.rollout.agent:ToolAgentWorkflow"
+        agent.rollout.workflow == "core.workflows.tagged_tools:ToolAgentWorkflow"
         and agent.data.synthetic.tool_calls
     )
 
@@ -318,13 +319,29 @@ def test_every_config_dataclass_uses_the_one_help_idiom() -> None:
         ("rollout.reward_fn=core.rewards.gsm8k:gsm8k_rewrd", "rollout.reward_fn: .*no attribute"),
         ("rollout.reward_fn=no_such_module:f", "rollout.reward_fn: .*cannot import module"),
         ("rollout.reward_fn=core.rewards.gsm8k", "rollout.reward_fn: .*module.sub:attribute"),
-        ("rollout.workflow=core.rollout.rlvr:RLVRWorkflo", "rollout.workflow: .*no attribute"),
+        ("rollout.workflow=core.workflows.rlvr:RLVRWorkflo", "rollout.workflow: .*no attribute"),
         ("rollout.workflow=core.rollout.api:derive_seed", "rollout.workflow: .*from_config"),
     ],
 )
 def test_bad_values_and_plugins_fail_before_any_work(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(QUICKSTART, [override])
+
+
+def test_a_moved_plugin_module_still_loads_and_names_its_new_path(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A config saved before core/workflows/ existed names core.rollout.agent: it loads the
+    same class, with a warning that names the new module; an unknown module still fails."""
+    from core.workflows.tagged_tools import ToolAgentWorkflow
+
+    with caplog.at_level("WARNING", logger="core.plugins"):
+        cfg = load_config(QUICKSTART, ["rollout.workflow=core.rollout.agent:ToolAgentWorkflow"])
+    assert cfg.rollout.workflow == "core.rollout.agent:ToolAgentWorkflow"
+    assert load_object(cfg.rollout.workflow) is ToolAgentWorkflow
+    assert "is now 'core.workflows.tagged_tools'" in caplog.text
+    with pytest.raises(ValueError, match="cannot import module 'core.rollout.agentz'"):
+        load_object("core.rollout.agentz:ToolAgentWorkflow")
 
 
 def test_fileroot_from_the_environment_only_when_left_at_default(

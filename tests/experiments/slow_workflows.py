@@ -11,8 +11,8 @@ from typing import Any
 
 from core.inference.api import InferenceEngine
 from core.rollout.api import Trajectory
-from core.rollout.rlvr import RLVRWorkflow
 from core.storage import local_path
+from core.workflows.rlvr import RLVRWorkflow
 
 
 class FirstSampleSlowWorkflow(RLVRWorkflow):

@@ -222,7 +222,7 @@ def test_tool_call_solutions_match_the_calculator() -> None:
     import re
 
     from core.rewards.gsm8k import gsm8k_reward
-    from core.rollout.tools import calculator
+    from core.workflows.tools import calculator
 
     samples = generate_problems(300, SyntheticSpec(tool_calls=True, max_steps=3), seed=5)
     worked = [s for s in samples if s["style"] == "worked"]

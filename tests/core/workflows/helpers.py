@@ -1,4 +1,4 @@
-"""Helpers shared by the agent tests (imported as ``tests.core.agents.helpers``)."""
+"""Helpers shared by the agent tests (imported as ``tests.core.workflows.helpers``)."""
 
 from __future__ import annotations
 

@@ -7,11 +7,11 @@ country, a founding year) and relations (a city's mayor, a person's birthplace, 
 founder and headquarters). Every fact is written in its subject's document; a relation is also
 written in its object's (a person's document names the company they founded), so each hop of a
 multi-hop question can be looked up by name. Questions over the corpus live in
-:mod:`core.data.search_synthetic`.
+:mod:`core.workflows.search_data`.
 
 Tools (errors are results, never raises), offered to the model as :data:`TOOLS` and run by
 :func:`run_tool` — the search agent at rollout time and the SFT episodes of
-:mod:`core.data.search_synthetic` both go through them, so the two cannot disagree::
+:mod:`core.workflows.search_data` both go through them, so the two cannot disagree::
 
     search(query) -> the top hits: "[doc_id] title: snippet", one a line
     open(doc_id)  -> the document's text

@@ -1,6 +1,6 @@
 """Multi-hop questions over a generated corpus, for a search agent (``search_synthetic``).
 
-Each question names one entity of the corpus (:mod:`core.agents.search_env`) and follows 1-3
+Each question names one entity of the corpus (:mod:`core.workflows.search_env`) and follows 1-3
 relations from it before asking an attribute, so answering takes 2-4 document lookups::
 
     "What is the founding year of the company founded by the mayor of Kasen?"
@@ -15,7 +15,7 @@ A sample is::
 TRAINING samples also carry a solved episode for SFT (:func:`solved_episode`): ``sft_messages``
 (per hop a ``search`` call by the entity's name and an ``open`` of its document, each followed
 by the tool's real output, then ``Answer: <answer>``, the form ``exact_match`` scores) and
-``tools`` (the agent's own :data:`~core.agents.search_env.TOOLS`), so SFT prompts and tool
+``tools`` (the agent's own :data:`~core.workflows.search_env.TOOLS`), so SFT prompts and tool
 results are token for token what the agent sees at rollout time.
 
 The corpus comes from ``data.seed`` (else the experiment seed) and ``corpus_size``; train and
@@ -32,7 +32,9 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from core.agents.search_env import (
+from core.data.splits import SampleStream, first_samples, fresh_splits
+from core.schema import documented
+from core.workflows.search_env import (
     MAX_SIZE,
     MIN_SIZE,
     TOOLS,
@@ -42,8 +44,6 @@ from core.agents.search_env import (
     run_tool,
     search_index,
 )
-from core.data.splits import SampleStream, first_samples, fresh_splits
-from core.schema import documented
 
 SPLITS: tuple[str, ...] = ("train", "test")
 
@@ -141,7 +141,7 @@ def _tool_result(seed: int, size: int, name: str, arguments: str) -> str:
 def solved_episode(question: Question, corpus: Corpus) -> list[dict]:
     """The assistant and tool turns of a solved episode: for each document on the question's
     path, ``search`` its entity's name and ``open`` its document, the tool turns being what
-    :func:`~core.agents.search_env.run_tool` returns; then ``Answer: <answer>``."""
+    :func:`~core.workflows.search_env.run_tool` returns; then ``Answer: <answer>``."""
     messages: list[dict] = []
     for entity in question.path:
         for name, arguments in (("search", {"query": entity.name}),

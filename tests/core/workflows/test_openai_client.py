@@ -10,11 +10,11 @@ import pytest
 import torch
 from openai.types.chat import ChatCompletion
 
-from core.agents.openai_client import AgentChatClient
 from core.inference.api import SamplingParams, WeightSource
 from core.inference.hf_engine import HFEngine
 from core.inference.sglang_client import SGLangClient
 from core.models import load_model
+from core.workflows.openai_client import AgentChatClient
 from tests.core.inference.helpers import ServerThread, wait_for_tokens
 
 pytestmark = pytest.mark.unit

@@ -1,6 +1,6 @@
 """Agent code written against the OpenAI client shape: an episode scored and masked, the
 calculator tool, and the config errors that stop a bad agent before any work (a real run of an
-agent: tests/core/agents/test_search_env.py)."""
+agent: tests/core/workflows/test_search_env.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-from core.agents.examples import run_calculator
-from core.agents.workflow import AgentEpisode, OpenAIAgentWorkflow
 from core.config import ConfigError, load_config
 from core.data.prompting import Prompter
 from core.inference.api import SamplingParams
 from core.inference.hf_engine import HFEngine
 from core.models import load_model
 from core.rewards.verifier_pool import make_scorer
+from core.workflows.examples import run_calculator
+from core.workflows.openai_agent import AgentEpisode, OpenAIAgentWorkflow
 
 QUICKSTART = "experiments/quickstart.yaml"
 
@@ -66,14 +66,14 @@ def test_an_episode_is_scored_and_masked(tool_chat_model, tool_chat_tokenizer) -
 
 @pytest.mark.unit
 def test_bad_agents_are_config_errors() -> None:
-    agent = ["rollout.workflow=core.agents.workflow:OpenAIAgentWorkflow"]
+    agent = ["rollout.workflow=core.workflows.openai_agent:OpenAIAgentWorkflow"]
     with pytest.raises(ConfigError, match="rollout.agent: needs an agent"):
         load_config(QUICKSTART, agent)
     with pytest.raises(ConfigError, match="rollout.agent"):
-        load_config(QUICKSTART, [*agent, "rollout.agent=core.agents.examples:nope"])
+        load_config(QUICKSTART, [*agent, "rollout.agent=core.workflows.examples:nope"])
     with pytest.raises(ConfigError, match="must be an async function"):
         load_config(QUICKSTART, [*agent, "rollout.agent=core.inference.tool_calls:error_message"])
-    calculator = [*agent, "rollout.agent=core.agents.examples:calculator_agent"]
+    calculator = [*agent, "rollout.agent=core.workflows.examples:calculator_agent"]
     with pytest.raises(ConfigError, match="rollout.trajectory_mode='per_step' is not one of"):
         load_config(QUICKSTART, [*calculator, "rollout.trajectory_mode=per_step"])
     with pytest.raises(ConfigError, match="per_turn needs the agent workflow"):

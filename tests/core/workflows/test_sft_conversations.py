@@ -8,7 +8,7 @@ import pytest
 from core.data.prompting import Prompter
 from core.data.synthetic import SyntheticSpec, generate_problems
 from core.runtime.sft import _example
-from tests.core.agents.helpers import trained_spans
+from tests.core.workflows.helpers import trained_spans
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """The loop most tool agents run, written against the OpenAI client shape.
 
 Ask with the tools; run each tool call the reply makes (with the episode's simulated latency and
-per-call time limit, :mod:`core.agents.latency`); answer malformed calls with an error turn;
+per-call time limit, :mod:`core.workflows.latency`); answer malformed calls with an error turn;
 ask again. It stops at a reply without calls, or after ``episode.max_turns`` completions, and
 returns that reply's text as the final answer.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from core.agents.latency import ToolClock, episode_seed
-from core.agents.workflow import AgentEpisode
 from core.inference.tool_calls import error_message
+from core.workflows.latency import ToolClock, episode_seed
+from core.workflows.openai_agent import AgentEpisode
 
 RunTool = Callable[[str, str | None], str]  # (name, JSON arguments) -> the result text
 

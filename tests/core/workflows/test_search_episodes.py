@@ -1,4 +1,4 @@
-"""Solved search episodes for SFT (core.data.search_synthetic): the tool turns are what the
+"""Solved search episodes for SFT (core.workflows.search_data): the tool turns are what the
 agent's real tools return, the final answer scores 1.0, and SFT trains only the assistant turns
 of a prompt that offers the agent's own tools."""
 
@@ -9,16 +9,16 @@ import re
 
 import pytest
 
-from core.agents import search_agent
-from core.agents.search_env import TOOLS, run_tool, search_index
 from core.config import load_config
 from core.data.prompting import Prompter
-from core.data.search_synthetic import SearchSpec, generate_search_questions
 from core.inference.chat import render
 from core.models.presets import MODEL_PRESETS
 from core.rewards.registry import resolve_reward
 from core.runtime.sft import _example
-from tests.core.agents.helpers import trained_spans
+from core.workflows import search_agent
+from core.workflows.search_data import SearchSpec, generate_search_questions
+from core.workflows.search_env import TOOLS, run_tool, search_index
+from tests.core.workflows.helpers import trained_spans
 
 pytestmark = pytest.mark.unit
 

@@ -26,8 +26,8 @@ from core.inference.api import GenerationRequest, InferenceEngine, SamplingParam
 from core.inference.stop_strings import cut_response
 from core.rewards.verifier_pool import Scorer, make_scorer, scorer_from_config
 from core.rollout.api import Trajectory
-from core.rollout.tools import STOP_STRINGS, ToolBox, ToolCall, find_tool_call
 from core.sandbox import SandboxLimits
+from core.workflows.tools import STOP_STRINGS, ToolBox, ToolCall, find_tool_call
 
 _RESULT = re.compile(r"<result>.*?</result>", re.DOTALL)
 

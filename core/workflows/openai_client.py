@@ -42,7 +42,6 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from core.data.prompting import end_of_turn_ids
 from core.inference.api import GenerationRequest, InferenceEngine, SamplingParams, generate_resuming
 from core.inference.chat import (
     assistant_message,
@@ -53,6 +52,7 @@ from core.inference.chat import (
     render,
 )
 from core.inference.tool_calls import parse_tool_calls
+from core.models.chat_template import end_of_turn_ids
 from core.rollout.api import Trajectory, derive_seed
 
 logger = logging.getLogger(__name__)

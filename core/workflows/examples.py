@@ -1,17 +1,17 @@
 """A small agent written against the OpenAI client shape: arithmetic with a calculator tool.
 
-Run it with ``rollout.workflow=core.agents.workflow:OpenAIAgentWorkflow`` and
-``rollout.agent=core.agents.examples:calculator_agent`` (and ``data.prompt_format=chat``).
+Run it with ``rollout.workflow=core.workflows.openai_agent:OpenAIAgentWorkflow`` and
+``rollout.agent=core.workflows.examples:calculator_agent`` (and ``data.prompt_format=chat``).
 """
 
 from __future__ import annotations
 
 import json
 
-from core.agents.tool_loop import tool_loop
-from core.agents.workflow import AgentEpisode
 from core.data.synthetic import CALCULATOR_TOOL
-from core.rollout.tools import calculator
+from core.workflows.openai_agent import AgentEpisode
+from core.workflows.tool_loop import tool_loop
+from core.workflows.tools import calculator
 
 CALCULATOR = CALCULATOR_TOOL  # the tool the synthetic solved episodes call (SFT)
 

@@ -15,9 +15,9 @@ import pytest
 from core.data.templates import render_prompt
 from core.inference.api import GenerationRequest, GenerationResponse, SamplingParams
 from core.models.tokenizer import train_tokenizer
-from core.rollout.agent import ToolAgentWorkflow
-from core.rollout.tools import ToolBox
 from core.sandbox import SandboxLimits
+from core.workflows.tagged_tools import ToolAgentWorkflow
+from core.workflows.tools import ToolBox
 
 pytestmark = pytest.mark.unit
 

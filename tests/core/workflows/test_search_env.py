@@ -11,16 +11,16 @@ from collections import Counter
 
 import pytest
 
-from core.agents.latency import LatencySpec, ToolClock, episode_seed
-from core.agents.search_agent import run_tool
-from core.agents.search_env import TOP_K, build_corpus, search_index
 from core.config import ConfigError, load_config
-from core.data.search_synthetic import (
+from core.rewards.short_answer import exact_match, f1
+from core.workflows.latency import LatencySpec, ToolClock, episode_seed
+from core.workflows.search_agent import run_tool
+from core.workflows.search_data import (
     SearchSpec,
     generate_search_questions,
     generate_search_splits,
 )
-from core.rewards.short_answer import exact_match, f1
+from core.workflows.search_env import TOP_K, build_corpus, search_index
 
 SEARCH_YAML = "experiments/agent_search.yaml"
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from core.rollout.tools import STOP_STRINGS, ToolBox, ToolCall, calculator, find_tool_call
 from core.sandbox import SandboxLimits
+from core.workflows.tools import STOP_STRINGS, ToolBox, ToolCall, calculator, find_tool_call
 
 pytestmark = pytest.mark.unit
 

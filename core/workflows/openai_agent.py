@@ -1,4 +1,4 @@
-"""Agent code as a rollout workflow: ``rollout.workflow=core.agents.workflow:OpenAIAgentWorkflow``.
+"""Agent code as a rollout workflow: ``rollout.workflow=core.workflows.openai_agent:OpenAIAgentWorkflow``.
 
 ``rollout.agent`` names an async function (``"package.module:function"``) that plays one episode::
 
@@ -9,7 +9,7 @@
         return reply.choices[0].message.content   # a final answer: rollout.reward_fn scores it
 
 ``episode.client`` has the OpenAI SDK's ``chat.completions.create`` shape
-(:class:`~core.agents.openai_client.AgentChatClient`), backed by the run's engine; the
+(:class:`~core.workflows.openai_client.AgentChatClient`), backed by the run's engine; the
 conversation becomes one trajectory, model tokens trained, or with
 ``rollout.trajectory_mode=per_turn`` each call becomes its own (they share the episode's reward). The agent returns its final answer
 (a string, scored against ``sample["answer"]`` by ``rollout.reward_fn``), a reward (a number),
@@ -27,13 +27,13 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from core.agents.latency import LatencySpec
-from core.agents.openai_client import AgentChatClient
 from core.data.prompting import Prompter
 from core.inference.api import InferenceEngine, SamplingParams
 from core.plugins import load_object
 from core.rewards.verifier_pool import Scorer, scorer_from_config
 from core.rollout.api import Trajectory
+from core.workflows.latency import LatencySpec
+from core.workflows.openai_client import AgentChatClient
 
 
 @dataclass
@@ -45,7 +45,7 @@ class AgentEpisode:
     messages: list[dict[str, Any]]  # the opening conversation, rendered as the run's prompts are
     max_turns: int  # rollout.max_turns: the most completion calls the agent should make
     # rollout.tool_latency_s/_p99_s/tool_timeout_s: its tools' latency draws and per-call limit
-    # (run them through core.agents.latency.ToolClock)
+    # (run them through core.workflows.latency.ToolClock)
     tool_latency: LatencySpec = field(default_factory=LatencySpec)
     info: dict[str, Any] = field(default_factory=dict)  # the agent's notes -> trajectory metadata
 
@@ -58,7 +58,9 @@ AgentFn = Callable[[AgentEpisode], Awaitable[float | str | None]]
 def load_agent(path: str) -> AgentFn:
     """The agent function named by ``rollout.agent``, checked to be a coroutine function."""
     if not path:
-        raise ValueError("needs an agent, e.g. rollout.agent=core.agents.examples:calculator_agent")
+        raise ValueError(
+            "needs an agent, e.g. rollout.agent=core.workflows.examples:calculator_agent"
+        )
     agent = load_object(path, "agent")
     if not inspect.iscoroutinefunction(agent):
         raise ValueError(f"agent {path!r} must be an async function taking an AgentEpisode")

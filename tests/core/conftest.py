@@ -1,24 +1,15 @@
-"""A tiny model with our chat format: turns, tools, tool calls (core.models.chat_template)."""
+"""A tiny model with our chat format (turns, tools, tool calls: core.models.chat_template), for
+the agent workflows' tests and the chat endpoint's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from core.models import create_pretrained, load_tokenizer
 
 CORPUS = [f"Q: what is {a}+{b}? A: {a + b}" for a in range(10) for b in range(10)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
