@@ -28,7 +28,7 @@ import sys
 import torch
 from transformers import DynamicCache
 
-from core.algorithms import global_normalizer, grpo_advantages, ppo_policy_loss
+from core.algorithms import global_normalizer, ppo_policy_loss
 from core.config import Config, load_config
 from core.data.dataloader import ResumableDataLoader
 from core.data.prompting import Prompter
@@ -36,9 +36,11 @@ from core.inference.sampling import gumbel_, seeded_uniforms, split_seed
 from core.models import load_model, load_tokenizer
 from core.rewards.registry import SafeReward, resolve_reward
 from core.rollout.api import derive_seed
+from core.runtime.advantages import with_advantages
 from core.runtime.metrics import MemorySink
 from core.runtime.sft import sft_warm_start
 from core.runtime.stages import PreparedData, build_or_load_model, prepare_data
+from core.training.batch import TrainBatch
 from core.training.logprobs import token_logprobs
 
 
@@ -126,11 +128,15 @@ def train(cfg: Config, model_dir: str, train_rows: list[dict], steps: int):
         attention_mask = (
             torch.arange(width)[None, :] < torch.tensor([len(p) + len(c) for p, c in rows])[:, None]
         ).long()
-        # 3. Advantages: each reward against its own group, A = (r − mean) / (std + ε).
+        # 3. Advantages: each reward against its own group, A = (r − mean) / (std + ε), given to
+        # every completion token; the platform's entry point, as the Trainer calls it.
         scores = torch.tensor(rewards)
-        advantages = (
-            grpo_advantages(scores, G, normalize_std=algo.normalize_std)[:, None] * loss_mask
-        )
+        batch = TrainBatch(
+            input_ids, attention_mask, loss_mask, behav, versions=torch.zeros_like(input_ids),
+            rewards=scores, prompt_lens=torch.tensor([len(p) for p, _ in rows]),
+        )  # fmt: skip
+        max_new = cfg.rollout.max_new_tokens
+        advantages = with_advantages(batch, algo, max_new_tokens=max_new)["advantages"]
         # 4. Policy step. π_prox, the weights before this step, is the training pass itself
         # (one optimiser step per batch); the behaviour weight π_prox/π_behav is ≈ 1 at η = 0.
         policy.train()

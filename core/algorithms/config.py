@@ -10,12 +10,10 @@ plain strings checked in ``__post_init__``). Presets are plain dicts of field ov
 from dataclasses import dataclass, fields
 
 from core.algorithms.aggregation import AGGREGATION_MODES
+from core.algorithms.estimators import ESTIMATORS, resolve_estimator
 from core.algorithms.kl import KL_ESTIMATORS
 from core.algorithms.policy_loss import BEHAVIOUR_LEVELS, BEHAVIOUR_MASK_MODES, IMPORTANCE_LEVELS
 from core.schema import documented
-
-ADV_ESTIMATORS = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")
 
 
 @dataclass
@@ -26,7 +24,11 @@ class AlgorithmConfig:
     name: str = documented("custom", "Preset this config came from.")
 
     # --- Advantage estimation ---------------------------------------------------------------
-    adv_estimator: str = documented("grpo", f"Advantage estimator, one of {ADV_ESTIMATORS}.")
+    adv_estimator: str = documented(
+        "grpo",
+        f"Advantage estimator, one of {tuple(ESTIMATORS)}, or a 'module:function' path to one "
+        "registered with @advantage_estimator (core/algorithms/estimators.py).",
+    )
     group_size: int = documented(8, "Responses sampled per prompt (a group).")
     normalize_std: bool = documented(True, "GRPO: divide by the group std (False = Dr.GRPO).")
     gamma: float = documented(1.0, "Discount (GAE, REINFORCE++).")
@@ -126,7 +128,7 @@ def _at_least(cfg: AlgorithmConfig, name: str, low: float, *, strict: bool = Fal
 
 def _validate(cfg: AlgorithmConfig) -> None:
     """Raise ValueError naming the first offending field."""
-    _choice(cfg, "adv_estimator", ADV_ESTIMATORS)
+    estimator = resolve_estimator(cfg.adv_estimator)
     _choice(cfg, "importance_level", IMPORTANCE_LEVELS)
     _choice(cfg, "behaviour_level", BEHAVIOUR_LEVELS)
     _choice(cfg, "behaviour_mask_mode", BEHAVIOUR_MASK_MODES)
@@ -159,14 +161,14 @@ def _validate(cfg: AlgorithmConfig) -> None:
     for name in ("gamma", "lam"):
         if not 0.0 <= getattr(cfg, name) <= 1.0:
             raise ValueError(f"{name}={getattr(cfg, name)!r} must be in [0, 1]")
-    if cfg.adv_estimator in GROUP_ESTIMATORS and cfg.group_size < 2:
+    if estimator.groups and cfg.group_size < 2:
         raise ValueError(f"group_size must be >= 2 for adv_estimator={cfg.adv_estimator!r}")
     if cfg.dynamic_sampling and cfg.group_size < 2:
         raise ValueError("group_size must be >= 2 for dynamic_sampling")
-    if (cfg.adv_estimator == "gae") != cfg.use_critic:
+    if estimator.critic != cfg.use_critic:
         raise ValueError(
             f"use_critic={cfg.use_critic} does not fit adv_estimator={cfg.adv_estimator!r}: "
-            "GAE needs a critic and only GAE uses one"
+            f"{'it needs a critic' if estimator.critic else 'only a critic estimator (gae) uses one'}"
         )
     if cfg.kl_coef > 0 and cfg.kl_estimator == "k1":
         raise ValueError(

@@ -15,17 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from core.algorithms import (
-    AlgorithmConfig,
-    gae_advantages,
-    grpo_advantages,
-    kl_penalized_rewards,
-    overlong_penalty,
-    place_at_last_token,
-    reinforce_pp_advantages,
-    rloo_advantages,
-    shape_rewards,
-)
+from core.algorithms import AlgorithmConfig, kl_penalized_rewards, overlong_penalty, shape_rewards
+from core.algorithms.estimators import AdvantageInputs, resolve_estimator
 from core.training.batch import TrainBatch
 
 
@@ -69,7 +60,8 @@ def with_advantages(
     values: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
 ) -> TrainBatch:
-    """``batch`` plus ``advantages`` ``[N, T]`` (and ``returns``/``old_values`` for a critic)."""
+    """``batch`` plus ``advantages`` ``[N, T]`` (and ``returns``/``old_values`` for a critic),
+    from the estimator ``algo.adv_estimator`` names (core/algorithms/estimators.py)."""
     rewards = shaped_rewards(batch, algo, max_new_tokens)
     mask = batch.loss_mask
     token_rewards: torch.Tensor | None = None
@@ -84,41 +76,20 @@ def with_advantages(
             coef=algo.kl_in_reward_coef,
             kind=algo.kl_estimator,
         )
-    estimator = algo.adv_estimator
-    fields: dict[str, torch.Tensor] = {}
-    if estimator == "gae":
-        if values is None:
-            raise ValueError("adv_estimator='gae' needs critic values (algorithm.use_critic=true)")
-        per_token = (
-            token_rewards if token_rewards is not None else place_at_last_token(rewards, mask)
-        )
-        advantages, returns = gae_advantages(
-            per_token, values, mask, gamma=algo.gamma, lam=algo.lam
-        )
-        fields.update(returns=returns, old_values=values)
-    elif estimator in ("reinforce_pp", "reinforce_pp_baseline"):
-        source = token_rewards if token_rewards is not None else rewards
-        if estimator == "reinforce_pp_baseline":
-            # REINFORCE++-baseline: each row's last-token reward minus its group's mean episode
-            # score (with one row per episode, the mean of the group's Σ_t r_t).
-            scores, episode = _episode_scores(batch, algo, rewards, token_rewards, max_new_tokens)
-            group_mean = scores.reshape(-1, algo.group_size).mean(dim=-1)
-            baseline = group_mean.repeat_interleave(algo.group_size)[episode]
-            if source.dim() == 1:
-                source = source - baseline
-            else:
-                source = source - place_at_last_token(baseline, mask)
-        advantages = reinforce_pp_advantages(source, mask, gamma=algo.gamma)
-    else:
-        # Outcome estimators score a sequence: with KL in the reward that is the outcome minus
-        # β·Σ_t KL_t, the sum of the sequence's token rewards (as verl's GRPO and RLOO do).
-        scores, episode = _episode_scores(batch, algo, rewards, token_rewards, max_new_tokens)
-        advantage = {
-            "grpo": lambda r: grpo_advantages(r, algo.group_size, normalize_std=algo.normalize_std),
-            "rloo": lambda r: rloo_advantages(r, algo.group_size),
-        }[estimator](scores)
-        advantages = advantage[episode][:, None] * mask
-    return batch.with_fields(advantages=advantages * mask, **fields)
+    # Outcome estimators score an episode: with KL in the reward that is the outcome minus
+    # β·Σ_t KL_t, the sum of its token rewards (as verl's GRPO and RLOO do).
+    scores, episode = _episode_scores(batch, algo, rewards, token_rewards, max_new_tokens)
+    inputs = AdvantageInputs(
+        rewards=rewards,
+        scores=scores,
+        episode=episode,
+        loss_mask=mask,
+        token_rewards=token_rewards,
+        values=values,
+        algo=algo,
+    )
+    estimate = resolve_estimator(algo.adv_estimator).fn(inputs)
+    return batch.with_fields(advantages=estimate.advantages * mask, **estimate.fields)
 
 
 def _episode_scores(
