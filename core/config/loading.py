@@ -36,6 +36,7 @@ from omegaconf.errors import OmegaConfBaseException
 from core.algorithms.config import PRESETS
 from core.config.sections import ClusterConfig, Config, ConfigError, ModelConfig
 from core.data.prompting import PROMPT_FORMATS
+from core.data.sources import resolve_source
 from core.data.templates import template_problems
 from core.rewards.registry import resolve_reward
 from core.rollout.api import workflow_class
@@ -46,7 +47,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "scheduler.type": ("local", "ray"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "model.attn_implementation": ("sdpa", "eager", "flash_attention_2"),
-    "data.source": ("synthetic", "code_synthetic", "search_synthetic", "gsm8k", "dataset"),
     "rollout.engine": ("hf", "sglang", "vllm"),
     "checkpoint.recover": ("off", "auto"),
     "data.prompt_format": PROMPT_FORMATS,
@@ -227,6 +227,10 @@ def validate(config: Config) -> None:
         value = select(config, key)
         if value not in choices:
             raise ConfigError(f"{key}={value!r} is not one of {list(choices)}")
+    try:
+        source = resolve_source(config.data.source)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     for key in POSITIVE:
         if select(config, key) <= 0:
             raise ConfigError(f"{key} must be > 0, got {select(config, key)}")
@@ -250,10 +254,7 @@ def validate(config: Config) -> None:
         raise ConfigError(f"rollout.temperature must be >= 0, got {config.rollout.temperature}")
     if not 0 < config.rollout.top_p <= 1:
         raise ConfigError(f"rollout.top_p must be in (0, 1], got {config.rollout.top_p}")
-    if (
-        config.data.source in ("synthetic", "code_synthetic", "search_synthetic")
-        and config.data.n_test <= 0
-    ):
+    if source.generated and config.data.n_test <= 0:
         raise ConfigError("data.n_test must be > 0 for synthetic data")
     _check_tool_latency(config)
     algo = config.algorithm

@@ -141,8 +141,9 @@ class DataConfig:
         "synthetic",
         "'synthetic' (generated GSM8K-style problems), 'code_synthetic' (generated function-"
         "writing problems with tests, for core.rewards.code), 'search_synthetic' (multi-hop "
-        "questions over a generated corpus, for the search agent), 'gsm8k', or 'dataset' (any "
-        "tabular data: data.path and the column keys).",
+        "questions over a generated corpus, for the search agent), 'gsm8k', 'dataset' (any "
+        "tabular data: data.path and the column keys), or a 'module:function' path to a source "
+        "registered with @data_source (core/data/sources.py).",
     )
     seed: int | None = documented(
         None,

@@ -18,17 +18,10 @@ from typing import Any
 
 from core.config import Config, ConfigError, config_hash
 from core.config.loading import lora_target_problem
-from core.data.code_synthetic import generate_code_splits
-from core.data.gsm8k import load_gsm8k
 from core.data.prompting import Prompter, sft_target
-from core.data.synthetic import generate_splits
+from core.data.sources import resolve_source
 from core.data.tabular import (
     ColumnError,
-    Columns,
-    load_table,
-    remove_test_questions,
-    split_by_ratio,
-    to_samples,
 )
 from core.data.templates import render_prompt
 from core.evaluation import EvalResult, eval_settings, evaluate_workflow
@@ -46,7 +39,6 @@ from core.storage import (
     write_json,
     write_jsonl,
 )
-from core.workflows.search_data import generate_search_splits
 
 logger = logging.getLogger(__name__)
 
@@ -91,53 +83,17 @@ def prepare_data(config: Config) -> PreparedData:
         notes = json.loads(read_text(notes_url)) if exists(notes_url) else {}
         train, test = read_jsonl(train_url), read_jsonl(test_url)
         return PreparedData(train, test, train_url, test_url, True, notes)
-    data, seed = config.data, data_seed(config)
-    notes: dict[str, Any] = {}
-    if data.source == "synthetic":
-        train, test = generate_splits(data.synthetic, data.n_train, data.n_test, seed)
-    elif data.source == "code_synthetic":
-        train, test = generate_code_splits(data.code_synthetic, data.n_train, data.n_test, seed)
-    elif data.source == "search_synthetic":
-        spec = data.search_synthetic
-        train, test = generate_search_splits(spec, data.n_train, data.n_test, seed)
-    elif data.source == "gsm8k":
-        train = load_gsm8k(data.gsm8k_path, "train", strict=data.strict, limit=data.n_train or None)
-        test = load_gsm8k(data.gsm8k_path, "test", strict=data.strict, limit=data.n_test or None)
-    else:
-        train, test, notes = load_dataset_splits(config)
+    data = config.data
+    try:
+        splits = resolve_source(data.source).fn(data, data_seed(config))
+    except ColumnError as err:
+        raise ConfigError(str(err)) from None
+    train, test, notes = splits.train, splits.test, splits.notes
     write_json(notes_url, notes)
     write_jsonl(test_url, test)
     write_jsonl(train_url, train)
     logger.info("prepared %d train / %d test problems (%s)", len(train), len(test), data.source)
     return PreparedData(train, test, train_url, test_url, notes=notes)
-
-
-def load_dataset_splits(config: Config) -> tuple[list[dict], list[dict], dict[str, Any]]:
-    """``data.source=dataset``: train and eval samples through the column mapping, the eval set
-    from ``data.test_path`` or ``data.test_split`` or a ``data.test_ratio`` share of train, with
-    test questions removed from train."""
-    data = config.data
-    columns = Columns(
-        data.prompt_key, data.answer_key, data.system_key, data.id_key, tuple(data.metadata_keys)
-    )
-
-    def samples(path: str, split: str) -> list[dict]:
-        rows, label = load_table(path, split)
-        try:
-            return to_samples(rows, columns, label, name=split)
-        except ColumnError as err:
-            raise ConfigError(str(err)) from None
-
-    train = samples(data.path, data.train_split)
-    if data.test_ratio > 0:
-        train, test = split_by_ratio(train, data.test_ratio, data_seed(config))
-    else:
-        test = samples(data.test_path or data.path, data.test_split)
-    train, overlap = remove_test_questions(train, test)
-    if overlap:
-        logger.warning("removed %d training question(s) that are also in the eval set", overlap)
-    train, test = train[: data.n_train or None], test[: data.n_test or None]
-    return train, test, {"train_questions_in_test_removed": overlap}
 
 
 def fit_prompts(config: Config, data: PreparedData, model_dir: str) -> PreparedData:

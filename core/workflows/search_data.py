@@ -32,6 +32,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from core.data.sources import DataSection, Splits, data_source
 from core.data.splits import SampleStream, first_samples, fresh_splits
 from core.schema import documented
 from core.workflows.search_env import (
@@ -192,6 +193,12 @@ def generate_search_questions(
 ) -> list[dict]:
     """The first ``n`` samples of ``split`` (see the module docstring); deterministic per seed."""
     return first_samples(_stream(spec, seed), n, split)
+
+
+@data_source("search_synthetic", generated=True)
+def search_synthetic(data: DataSection, seed: int) -> Splits:
+    """Multi-hop questions over the generated corpus (``data.search_synthetic``)."""
+    return Splits(*generate_search_splits(data.search_synthetic, data.n_train, data.n_test, seed))
 
 
 def generate_search_splits(
