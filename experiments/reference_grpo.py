@@ -11,7 +11,7 @@ advantages (GRPO, DeepSeekMath arXiv 2402.03300) → one clipped policy-gradient
 arXiv 1707.06347, in AReaL's decoupled form, arXiv 2505.24298). It is the platform at η = 0
 (`asyncrl run CONFIG rollout.max_staleness=0`) without a rollout process, a staleness bound,
 FSDP, weight publishing or checkpoints — built from the same functions (`core.algorithms`,
-`core.training.logprobs`, `core.inference.sampling`). With the same config and seed it draws the
+`core.training.logprobs`, `core.inference.engine.sampling`). With the same config and seed it draws the
 same prompts, samples the same tokens and gives the Trainer's losses
 (tests/experiments/test_reference_grpo.py); ``core/runtime/trainer.py`` is the same step in the
 same four phases, with the machinery.
@@ -32,7 +32,7 @@ from core.algorithms import global_normalizer, ppo_policy_loss
 from core.config import Config, load_config
 from core.data.dataloader import ResumableDataLoader
 from core.data.prompting import Prompter
-from core.inference.sampling import gumbel_, seeded_uniforms, split_seed
+from core.inference.engine.sampling import gumbel_, seeded_uniforms, split_seed
 from core.models import load_model, load_tokenizer
 from core.rewards.registry import SafeReward, resolve_reward
 from core.rollout.api import derive_seed

@@ -560,7 +560,7 @@ def engine_serve(
             f"[bold red]error:[/] --model {model} is not a Hugging Face model folder (no config.json)"
         )
         raise typer.Exit(code=2)
-    from core.inference.server_guard import check_exposure, clean_api_key
+    from core.inference.server.guard import check_exposure, clean_api_key
 
     try:
         check_exposure(host, clean_api_key(api_key))
@@ -568,7 +568,7 @@ def engine_serve(
         err_console.print(f"[bold red]error:[/] {err}")
         raise typer.Exit(code=2) from None
     _setup_logging(False)
-    from core.inference.server import serve
+    from core.inference.server.app import serve
 
     serve(
         model,

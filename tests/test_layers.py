@@ -27,6 +27,14 @@ CORE_LAYERS: list[set[str]] = [
     {"runtime"},  # workers, the Trainer, the pipeline
 ]
 LAYER = {name: i for i, names in enumerate(CORE_LAYERS) for name in names}
+# Inside core/inference: the contract and the formats both sides share, then our engine and the
+# clients of engines elsewhere (neither knows the other), then the server over our engine.
+INFERENCE_LAYERS: list[set[str]] = [
+    {"__init__", "api", "chat", "tool_calls", "stop_strings", "weight_broadcast"},
+    {"engine", "clients"},
+    {"server"},
+]
+INFERENCE_LAYER = {name: i for i, names in enumerate(INFERENCE_LAYERS) for name in names}
 NEVER_IN_CORE = ("prefect", "mlflow", "optuna", "tasks", "flows", "experiments")
 
 
@@ -72,6 +80,28 @@ def test_core_imports_point_down_the_layers() -> None:
     assert core_violations() == []
 
 
+def inference_violations(root: Path = ROOT) -> list[str]:
+    found = []
+    for path in sorted((root / "core" / "inference").rglob("*.py")):
+        here = path.relative_to(root / "core" / "inference").parts[0].removesuffix(".py")
+        for line, module in imports(path):
+            parts = module.split(".")
+            if parts[:2] != ["core", "inference"] or len(parts) < 3:
+                continue
+            there = parts[2]
+            if there != here and INFERENCE_LAYER[there] >= max(INFERENCE_LAYER[here], 1):
+                found.append(f"{path.relative_to(root)}:{line} imports {module}")
+    return found
+
+
+def test_inference_engine_clients_and_server_point_down() -> None:
+    """The server builds on the engine; the engine and the clients never import each other or
+    the server; the shared modules import none of them."""
+    placed = {p.name.removesuffix(".py") for p in (ROOT / "core" / "inference").iterdir()}
+    assert placed - {"__pycache__"} - set(INFERENCE_LAYER) == set(), "put these in INFERENCE_LAYERS"
+    assert inference_violations() == []
+
+
 def test_tasks_never_import_flows() -> None:
     found = [
         f"{path.relative_to(ROOT)}:{line} imports {module}"
@@ -98,3 +128,15 @@ def test_the_check_sees_an_import_up_the_layers(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", sorted(LAYER))
 def test_each_layer_unit_exists(name: str) -> None:
     assert (ROOT / "core" / name).is_dir() or (ROOT / "core" / f"{name}.py").exists(), name
+
+
+def test_the_inference_check_sees_the_engine_importing_a_client(tmp_path: Path) -> None:
+    engine = tmp_path / "core" / "inference" / "engine"
+    engine.mkdir(parents=True)
+    (engine / "x.py").write_text(
+        "from core.inference.api import SamplingParams\n"
+        "from core.inference.clients.http_client import API_KEY_ENV\n"
+    )
+    assert inference_violations(tmp_path) == [
+        "core/inference/engine/x.py:2 imports core.inference.clients.http_client"
+    ]

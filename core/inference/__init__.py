@@ -24,20 +24,20 @@ from core.inference.api import (
 )
 
 _LAZY = {
-    "EngineStats": "core.inference.hf_engine",
-    "GenerationError": "core.inference.hf_engine",
-    "HFEngine": "core.inference.hf_engine",
-    "PauseMode": "core.inference.hf_engine",
-    "ServerHandle": "core.inference.server",
-    "create_app": "core.inference.server",
-    "serve": "core.inference.server",
-    "start_server": "core.inference.server",
-    "SGLangClient": "core.inference.sglang_client",
-    "LaunchedServer": "core.inference.sglang_launcher",
-    "SGLangLaunchSpec": "core.inference.sglang_launcher",
-    "build_command": "core.inference.sglang_launcher",
-    "launch": "core.inference.sglang_launcher",
-    "VLLMClient": "core.inference.vllm_client",
+    "EngineStats": "core.inference.engine.hf_engine",
+    "GenerationError": "core.inference.engine.hf_engine",
+    "HFEngine": "core.inference.engine.hf_engine",
+    "PauseMode": "core.inference.engine.hf_engine",
+    "ServerHandle": "core.inference.server.app",
+    "create_app": "core.inference.server.app",
+    "serve": "core.inference.server.app",
+    "start_server": "core.inference.server.app",
+    "SGLangClient": "core.inference.clients.sglang_client",
+    "LaunchedServer": "core.inference.clients.sglang_launcher",
+    "SGLangLaunchSpec": "core.inference.clients.sglang_launcher",
+    "build_command": "core.inference.clients.sglang_launcher",
+    "launch": "core.inference.clients.sglang_launcher",
+    "VLLMClient": "core.inference.clients.vllm_client",
 }
 
 

@@ -29,6 +29,8 @@ StopReason = Literal["stop", "length", "abort"]
 # own) is retried after a growing wait, at most this many times in a row without a new token.
 MAX_UNEXPLAINED_ABORTS = 5
 UNEXPLAINED_ABORT_BACKOFF_S = 0.2
+# The weight group a distributed update uses when a request names none (SGLang's default).
+DEFAULT_GROUP_NAME = "weight_update_group"
 
 # The priority of requests made in this task (and the tasks it starts) unless they set their own:
 # the rollout executor sets it to each group's submission number, so an agent's calls carry their
@@ -48,7 +50,7 @@ class SamplingParams:
     which an interruption keeps (:attr:`GenerationRequest.resumed_tokens`).
 
     The rest follow SGLang's ``sampling_params`` (``sglang/srt/sampling/sampling_params.py``;
-    :mod:`core.inference.penalties` and :mod:`core.inference.sampling` cite the details), in
+    :mod:`core.inference.engine.penalties` and :mod:`core.inference.engine.sampling` cite the details), in
     SGLang's order: the model's logits minus ``frequency_penalty`` x (times a token was
     generated) and ``presence_penalty`` if it was, stop tokens masked while fewer than
     ``min_new_tokens`` are out, ``repetition_penalty`` on generated tokens (a positive logit

@@ -22,9 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from core.config import Config
-from core.inference.http_client import API_KEY_ENV
-from core.inference.server_guard import is_loopback
-from core.inference.sglang_launcher import LaunchedServer, SGLangLaunchSpec, start, wait_healthy
+from core.inference.clients.http_client import API_KEY_ENV
+from core.inference.clients.sglang_launcher import (
+    LaunchedServer,
+    SGLangLaunchSpec,
+    start,
+    wait_healthy,
+)
+from core.inference.server.guard import is_loopback
 from core.runtime.placement import RESOURCE_SLIVER, ensure_ray
 from core.storage import fetch_dir
 

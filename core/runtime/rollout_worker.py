@@ -42,7 +42,7 @@ def build_engine(config: Config, model_dir: str, version: int = 0) -> InferenceE
     :class:`RolloutWorker` brings to ``model_dir`` at ``version`` before the first rollout)."""
     r = config.rollout
     if r.engine == "hf":
-        from core.inference.hf_engine import HFEngine
+        from core.inference.engine.hf_engine import HFEngine
 
         return HFEngine.from_pretrained(
             model_dir, dtype=config.model.dtype, max_batch_size=r.max_batch_rows or r.max_concurrent,
@@ -51,12 +51,12 @@ def build_engine(config: Config, model_dir: str, version: int = 0) -> InferenceE
             keep_kv_on_update=r.kv_after_update == "keep",
         )  # fmt: skip
     if r.engine == "sglang":
-        from core.inference.sglang_client import SGLangClient
+        from core.inference.clients.sglang_client import SGLangClient
 
         # servers the run launched with priority scheduling take each call's group order
         send = bool(r.max_batch_rows)
         return SGLangClient(list(r.server_addresses), version=version, send_priority=send)
-    from core.inference.vllm_client import VLLMClient
+    from core.inference.clients.vllm_client import VLLMClient
 
     return VLLMClient(list(r.server_addresses), model_name=config.model.path, version=version)
 

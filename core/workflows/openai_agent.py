@@ -14,7 +14,7 @@ conversation becomes one trajectory, model tokens trained, or with
 ``rollout.trajectory_mode=per_turn`` each call becomes its own (they share the episode's reward). The agent returns its final answer
 (a string, scored against ``sample["answer"]`` by ``rollout.reward_fn``), a reward (a number),
 or None to reject the episode. An agent in another process uses the server's
-``/v1/chat/completions`` instead (:mod:`core.inference.chat_endpoint`).
+``/v1/chat/completions`` instead (:mod:`core.inference.server.chat_endpoint`).
 """
 
 from __future__ import annotations

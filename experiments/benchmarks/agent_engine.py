@@ -33,7 +33,7 @@ import torch
 
 from core.config import load_config
 from core.inference import HFEngine
-from core.inference.hf_engine import DEFAULT_PREFIX_CACHE_TOKENS
+from core.inference.engine.hf_engine import DEFAULT_PREFIX_CACHE_TOKENS
 from core.models import load_tokenizer
 from core.rollout.api import episode_rows
 from core.runtime.rollout_worker import build_workflow

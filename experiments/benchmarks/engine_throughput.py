@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from core.inference import GenerationRequest, HFEngine, SamplingParams
-from core.inference.hf_engine import DEFAULT_PREFIX_CACHE_TOKENS
+from core.inference.engine.hf_engine import DEFAULT_PREFIX_CACHE_TOKENS
 from core.models import create_pretrained, load_model, load_tokenizer
 
 logger = logging.getLogger("engine_throughput")

@@ -45,8 +45,8 @@ from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
-from core.inference.http_client import API_KEY_ENV, auth_headers
-from core.inference.sglang_launcher import LaunchedServer, SGLangLaunchSpec, launch
+from core.inference.clients.http_client import API_KEY_ENV, auth_headers
+from core.inference.clients.sglang_launcher import LaunchedServer, SGLangLaunchSpec, launch
 from core.models import create_pretrained
 from core.training.distributed import free_port
 

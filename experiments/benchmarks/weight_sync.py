@@ -2,7 +2,7 @@
 
 What one publish costs a learner end to end, measured against our inference servers
 (``python -m core.inference.server``, SGLang's HTTP API) started as processes, with generation
-paused and resumed around the update as :class:`~core.inference.sglang_client.SGLangClient`
+paused and resumed around the update as :class:`~core.inference.clients.sglang_client.SGLangClient`
 does it:
 
 - ``disk``: write the HF folder (safetensors, as the learner's export does) to a local folder;
@@ -44,10 +44,14 @@ from typing import Any
 
 import torch
 
-from core.inference.api import WeightSource
-from core.inference.sglang_client import SGLangClient
-from core.inference.sglang_launcher import LaunchedServer, SGLangLaunchSpec, start, wait_healthy
-from core.inference.validation import DEFAULT_GROUP_NAME
+from core.inference.api import DEFAULT_GROUP_NAME, WeightSource
+from core.inference.clients.sglang_client import SGLangClient
+from core.inference.clients.sglang_launcher import (
+    LaunchedServer,
+    SGLangLaunchSpec,
+    start,
+    wait_healthy,
+)
 from core.inference.weight_broadcast import (
     WeightGroup,
     broadcast_tensors,

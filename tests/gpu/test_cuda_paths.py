@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from core.inference.api import GenerationRequest, SamplingParams
-from core.inference.hf_engine import HFEngine
+from core.inference.engine.hf_engine import HFEngine
 from core.models.builder import create_pretrained
 from core.training import spawn_local
 from tests.core.inference.helpers import run

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import torch
 
-from core.inference.hf_engine import HFEngine
+from core.inference.engine.hf_engine import HFEngine
 from core.models import create_pretrained, load_model, load_tokenizer
 from tests.core.inference.helpers import CORPUS, ServerThread
 

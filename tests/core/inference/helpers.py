@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from core.inference.hf_engine import HFEngine
-from core.inference.server import ServerHandle, start_server
+from core.inference.engine.hf_engine import HFEngine
+from core.inference.server.app import ServerHandle, start_server
 
 CORPUS = [
     f"Question: Finn has {a} beads and finds {b} more. How many now?\nAnswer: {a}+{b}={a + b}. #### {a + b}"

@@ -9,8 +9,8 @@ import torch
 from transformers import DynamicCache
 from transformers.integrations import sdpa_attention
 
-from core.inference.hf_engine import HFEngine
-from core.inference.kv_batch import left_pad
+from core.inference.engine.hf_engine import HFEngine
+from core.inference.engine.kv_batch import left_pad
 from core.models import load_model
 from core.models.attention import GROUPED_SDPA, inference_attention
 from core.training.shared_prompts import cache_kwarg

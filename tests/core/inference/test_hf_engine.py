@@ -14,8 +14,8 @@ from core.inference.api import (
     SamplingParams,
     generate_resuming,
 )
-from core.inference.hf_engine import HFEngine
-from core.inference.sampling import BatchSampling, sample_next
+from core.inference.engine.hf_engine import HFEngine
+from core.inference.engine.sampling import BatchSampling, sample_next
 from core.models import load_model
 from tests.core.inference.helpers import hf_greedy, run, teacher_logprobs, wait_for_tokens
 

@@ -7,8 +7,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from core.inference import kv_batch
-from core.inference.kv_batch import GrowingLayer, LiveBatch, growing_cache, left_pad
+from core.inference.engine import kv_batch
+from core.inference.engine.kv_batch import GrowingLayer, LiveBatch, growing_cache, left_pad
 from core.training.shared_prompts import cache_kwarg
 
 

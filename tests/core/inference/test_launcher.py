@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from core.inference.api import GenerationRequest, SamplingParams
-from core.inference.sglang_client import SGLangClient
-from core.inference.sglang_launcher import SGLangLaunchSpec, build_command, launch
+from core.inference.clients.sglang_client import SGLangClient
+from core.inference.clients.sglang_launcher import SGLangLaunchSpec, build_command, launch
 from core.training.distributed import free_port
 from tests.core.inference.helpers import run
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from core.inference.api import GenerationRequest, SamplingParams, generate_resuming
-from core.inference.penalties import (
+from core.inference.engine.penalties import (
     RoundPenalties,
     additive_penalties,
     repetition_penalty,
     stop_token_mask,
 )
-from core.inference.sampling import truncate_logits, validate_sampling
+from core.inference.engine.sampling import truncate_logits, validate_sampling
 from tests.core.inference.helpers import run, wait_for_tokens
 
 LOGITS = torch.tensor([[1.0, 2.0, -1.0, 0.5]])

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from core.inference.api import GenerationRequest, SamplingParams, WeightSource
-from core.inference.hf_engine import HFEngine
-from core.inference.prefix_cache import PrefixCache
+from core.inference.engine.hf_engine import HFEngine
+from core.inference.engine.prefix_cache import PrefixCache
 from core.models import load_model
 from core.training.shared_prompts import cache_kwarg
 from tests.core.inference.helpers import run, teacher_logprobs, wait_for_tokens
@@ -221,7 +221,7 @@ def test_servers_the_run_launches_get_its_cache_size(model_dir, tmp_path) -> Non
     """``rollout.prefix_cache_tokens`` and ``kv_after_update`` reach our server's command line,
     which accepts them."""
     from core.config import load_config
-    from core.inference.server import parse_args
+    from core.inference.server.app import parse_args
     from core.runtime.fleet import server_spec
 
     config = load_config(

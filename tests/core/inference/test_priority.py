@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from core.inference.api import GenerationRequest, SamplingParams, request_priority
-from core.inference.batching import Slot
-from core.inference.hf_engine import HFEngine, WaitQueue
+from core.inference.engine.batching import Slot
+from core.inference.engine.hf_engine import HFEngine, WaitQueue
 from core.models import load_model
 from tests.core.inference.helpers import run
 
@@ -86,7 +86,7 @@ def test_our_server_orders_waiting_requests_as_sglang_does(
 ) -> None:
     """Over HTTP: ``priority`` in ``/generate`` orders a one-row server's waiting requests as
     SGLang's flags say (lowest first, highest first, or first come first served)."""
-    from core.inference.sglang_client import SGLangClient
+    from core.inference.clients.sglang_client import SGLangClient
     from tests.core.inference.helpers import ServerThread
 
     sampling = SamplingParams(max_new_tokens=4, temperature=0.0)
@@ -129,7 +129,7 @@ def test_launched_servers_get_the_batch_cap_and_lowest_first_scheduling(
     rows, serving the lowest priority first (SGLang's flags, which our server takes too), and
     the rollout's client sends every request's priority."""
     from core.config import load_config
-    from core.inference.server import parse_args, priority_mode
+    from core.inference.server.app import parse_args, priority_mode
     from core.runtime.fleet import server_spec, with_servers
     from core.runtime.rollout_worker import build_engine
 

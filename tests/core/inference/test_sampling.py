@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from core.inference.api import SamplingParams
-from core.inference.sampling import (
+from core.inference.engine.sampling import (
     BatchSampling,
     counter_hash,
     fmix32,

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from core.inference.api import GenerationRequest, SamplingParams, WeightSource, generate_resuming
-from core.inference.hf_engine import HFEngine
-from core.inference.server import start_server
-from core.inference.sglang_client import SGLangClient, sglang_sampling
+from core.inference.clients.sglang_client import SGLangClient, sglang_sampling
+from core.inference.engine.hf_engine import HFEngine
+from core.inference.server.app import start_server
 from core.models import load_model
 from core.training.distributed import free_port
 from tests.core.inference.helpers import hf_greedy, run, teacher_logprobs, wait_for_tokens

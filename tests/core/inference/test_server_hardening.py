@@ -27,13 +27,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.inference.api import GenerationRequest, SamplingParams
-from core.inference.hf_engine import GenerationError, HFEngine
-from core.inference.http_client import ServerError
-from core.inference.server import parse_args, start_server
-from core.inference.server_guard import check_exposure, is_loopback
-from core.inference.sglang_client import SGLangClient
-from core.inference.sglang_launcher import SGLangLaunchSpec, build_command
-from core.inference.validation import MAX_WEIGHT_VERSION
+from core.inference.clients.http_client import ServerError
+from core.inference.clients.sglang_client import SGLangClient
+from core.inference.clients.sglang_launcher import SGLangLaunchSpec, build_command
+from core.inference.engine.hf_engine import GenerationError, HFEngine
+from core.inference.server.app import parse_args, start_server
+from core.inference.server.guard import check_exposure, is_loopback
+from core.inference.server.validation import MAX_WEIGHT_VERSION
 from core.models import load_model
 from tests.core.inference.helpers import ServerThread, run
 

@@ -10,8 +10,9 @@ import pytest
 
 from core.data.prompting import Prompter
 from core.inference.api import GenerationRequest, GenerationResponse, SamplingParams
+from core.inference.server.sglang_params import parse_sampling
+from core.inference.server.validation import RequestError, RequestLimits
 from core.inference.stop_strings import cut_at_stop, cut_response, tail_matches
-from core.inference.validation import RequestError, RequestLimits, parse_sampling
 from tests.core.inference.helpers import run
 
 pytestmark = pytest.mark.unit

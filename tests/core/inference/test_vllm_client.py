@@ -20,8 +20,8 @@ from core.inference.api import (
     WeightSource,
     generate_resuming,
 )
-from core.inference.sglang_client import SGLangClient
-from core.inference.vllm_client import VLLMClient, parse_completion, parse_token
+from core.inference.clients.sglang_client import SGLangClient
+from core.inference.clients.vllm_client import VLLMClient, parse_completion, parse_token
 from tests.core.inference.helpers import run
 
 pytestmark = pytest.mark.integration

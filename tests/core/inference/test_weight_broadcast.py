@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from core.inference.api import GenerationRequest, SamplingParams
-from core.inference.sglang_client import SGLangClient
+from core.inference.clients.sglang_client import SGLangClient
 from core.inference.weight_broadcast import (
     WeightGroup,
     broadcast_tensors,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from core.inference.api import GenerationRequest, SamplingParams, WeightSource, generate_resuming
-from core.inference.hf_engine import HFEngine
-from core.inference.weights import load_weights, read_state_dict
+from core.inference.engine.hf_engine import HFEngine
+from core.inference.engine.weights import load_weights, read_state_dict
 from core.models import load_model
 from tests.core.inference.helpers import run, teacher_logprobs, wait_for_tokens
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from core.inference.api import WeightSource
-from core.inference.weights import read_state_dict
+from core.inference.engine.weights import read_state_dict
 
 pytestmark = pytest.mark.integration
 

@@ -154,7 +154,7 @@ def test_running_server_gets_the_runs_starting_weights(setup, tmp_path: Path) ->
     otherwise refuses."""
     import httpx
 
-    from core.inference.sglang_launcher import SGLangLaunchSpec, launch
+    from core.inference.clients.sglang_launcher import SGLangLaunchSpec, launch
     from core.runtime.fleet import free_port
 
     root, train = setup

@@ -388,7 +388,7 @@ def test_two_node_ray_cluster_places_servers_and_learners_apart(
     import ray
     from ray.cluster_utils import Cluster
 
-    from core.inference.http_client import API_KEY_ENV
+    from core.inference.clients.http_client import API_KEY_ENV
 
     # Ray's nodes, their workers and the servers inherit this process's environment.
     for name, value in {

@@ -19,7 +19,7 @@ from core.algorithms import AlgorithmConfig
 from core.config import load_config
 from core.data import generate_problems
 from core.inference.api import GenerationRequest, SamplingParams, WeightSource, generate_resuming
-from core.inference.hf_engine import HFEngine
+from core.inference.engine.hf_engine import HFEngine
 from core.models import create_pretrained, load_model, load_tokenizer
 from core.rollout.api import Group, Trajectory, workflow_class
 from core.runtime.advantages import with_advantages

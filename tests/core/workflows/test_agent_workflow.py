@@ -12,7 +12,7 @@ import pytest
 from core.config import ConfigError, load_config
 from core.data.prompting import Prompter
 from core.inference.api import SamplingParams
-from core.inference.hf_engine import HFEngine
+from core.inference.engine.hf_engine import HFEngine
 from core.models import load_model
 from core.rewards.verifier_pool import make_scorer
 from core.workflows.examples import run_calculator

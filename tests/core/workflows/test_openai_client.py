@@ -11,8 +11,8 @@ import torch
 from openai.types.chat import ChatCompletion
 
 from core.inference.api import SamplingParams, WeightSource
-from core.inference.hf_engine import HFEngine
-from core.inference.sglang_client import SGLangClient
+from core.inference.clients.sglang_client import SGLangClient
+from core.inference.engine.hf_engine import HFEngine
 from core.models import load_model
 from core.workflows.openai_client import AgentChatClient
 from tests.core.inference.helpers import ServerThread, wait_for_tokens

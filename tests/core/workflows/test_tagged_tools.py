@@ -152,7 +152,7 @@ def test_tool_latency_is_paid_per_call(tokenizer) -> None:
 @pytest.mark.integration
 def test_agent_episode_on_the_real_engine(tmp_path) -> None:
     """A tiny random model on the HF engine: whatever it writes, masks and versions line up."""
-    from core.inference.hf_engine import HFEngine
+    from core.inference.engine.hf_engine import HFEngine
     from core.models import create_pretrained, load_tokenizer
 
     corpus = ["Question: 7-2?\nAnswer: <calc>7-2</calc><result>5</result> #### 5"] * 30

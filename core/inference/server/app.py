@@ -1,14 +1,14 @@
-"""Our :class:`~core.inference.hf_engine.HFEngine` behind SGLang's native HTTP API.
+"""Our :class:`~core.inference.engine.hf_engine.HFEngine` behind SGLang's native HTTP API.
 
-The same client (:class:`~core.inference.sglang_client.SGLangClient`) talks to this server on a
+The same client (:class:`~core.inference.clients.sglang_client.SGLangClient`) talks to this server on a
 CPU box and to a real SGLang server on a GPU node. Endpoints and field shapes follow SGLang
 (``python -m sglang.launch_server ... --skip-tokenizer-init``):
 
 - ``POST /generate`` ``{"input_ids", "sampling_params", "return_logprob", "rid", ...}`` ->
   ``{"text", "output_ids", "meta_info": {"id", "finish_reason", ..., "output_token_logprobs"}}``
-  (:mod:`core.inference.generate_endpoint`). SGLang's whole ``GenerateReqInput`` and
+  (:mod:`core.inference.server.generate_endpoint`). SGLang's whole ``GenerateReqInput`` and
   ``sampling_params`` schema is accepted; what is honoured, and which features are refused
-  unless at their defaults, is in :mod:`core.inference.sglang_params`. ``input_ids`` may be a
+  unless at their defaults, is in :mod:`core.inference.server.sglang_params`. ``input_ids`` may be a
   list of prompts (batch) and ``n`` asks for several samples of each; the answer is then a list.
   ``sampling_params["sampling_seed"]`` (an integer) is the request's ``SamplingParams.seed``.
   ``priority`` (an integer, or one per prompt) orders the waiting requests as SGLang does: only
@@ -23,18 +23,18 @@ CPU box and to a real SGLang server on a GPU node. Endpoints and field shapes fo
   ``{"names", "dtypes", "shapes", "group_name", "flush_cache", "abort_all_requests",
   "weight_version", "load_format"}``, ``POST /destroy_weights_update_group`` ``{"group_name"}``
   -> ``{"success", "message"}``: SGLang's weight update by broadcast from the learner's rank 0
-  over a process group of its own (see :mod:`core.inference.weight_sync_endpoints`).
+  over a process group of its own (see :mod:`core.inference.server.weight_sync_endpoints`).
 - ``POST /v1/chat/completions``: the OpenAI chat API for agent code (see
-  :mod:`core.inference.chat_endpoint`; needs a tokenizer with a chat template).
+  :mod:`core.inference.server.chat_endpoint`; needs a tokenizer with a chat template).
 - ``GET /health``, ``GET /get_model_info``, ``GET /get_weight_version``,
   ``GET /get_server_info`` (engine statistics here).
 
 Weight versions are strings in SGLang; ours are integers sent as strings. The command line
-accepts SGLang's launch flags, so :mod:`core.inference.sglang_launcher` can start either.
+accepts SGLang's launch flags, so :mod:`core.inference.clients.sglang_launcher` can start either.
 
 Robustness and security:
 
-- Every request body is validated before it reaches the engine (:mod:`core.inference.validation`
+- Every request body is validated before it reaches the engine (:mod:`core.inference.server.validation`
   lists the rules): a bad field is a 400 naming the field, and never fails the other requests
   decoded in the same batch. ``max_new_tokens`` is capped by the context left after the prompt
   (``max_position_embeddings``) and by ``--max-new-tokens-cap`` if given. Large bodies are parsed
@@ -71,10 +71,10 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from core.inference.api import WeightSource
-from core.inference.chat_endpoint import chat_completion, parse_chat
-from core.inference.generate_endpoint import generate_answers
-from core.inference.hf_engine import DEFAULT_PREFIX_CACHE_TOKENS, GenerationError, HFEngine
-from core.inference.server_guard import (
+from core.inference.engine.hf_engine import DEFAULT_PREFIX_CACHE_TOKENS, GenerationError, HFEngine
+from core.inference.server.chat_endpoint import chat_completion, parse_chat
+from core.inference.server.generate_endpoint import generate_answers
+from core.inference.server.guard import (
     API_KEY_ENV,
     SETTINGS_KEY,
     ServerSettings,
@@ -85,9 +85,9 @@ from core.inference.server_guard import (
     make_settings,
     next_version,
 )
-from core.inference.sglang_params import parse_generate
-from core.inference.validation import RequestError, loads, parse_pause, parse_update
-from core.inference.weight_sync_endpoints import add_weight_sync_routes
+from core.inference.server.sglang_params import parse_generate
+from core.inference.server.validation import RequestError, loads, parse_pause, parse_update
+from core.inference.server.weight_sync_endpoints import add_weight_sync_routes
 from core.storage import download_dir
 
 logger = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ async def _parse(request: web.Request, parser: Callable[[Any], T], allow_empty: 
 
 
 async def generate(request: web.Request) -> web.Response:
-    """SGLang's ``/generate`` (see :mod:`core.inference.generate_endpoint`)."""
+    """SGLang's ``/generate`` (see :mod:`core.inference.server.generate_endpoint`)."""
     settings = request.app[SETTINGS_KEY]
     batch = await _parse(request, lambda body: parse_generate(body, settings.limits))
     answers = await generate_answers(request.app[ENGINE_KEY], batch, settings.priority_sign)
@@ -145,7 +145,7 @@ async def generate(request: web.Request) -> web.Response:
 
 
 async def chat_completions(request: web.Request) -> web.Response:
-    """OpenAI ``POST /v1/chat/completions`` (see :mod:`core.inference.chat_endpoint`)."""
+    """OpenAI ``POST /v1/chat/completions`` (see :mod:`core.inference.server.chat_endpoint`)."""
     body = await _parse(request, parse_chat)
     limits = request.app[SETTINGS_KEY].limits
     model = request.app[STATE_KEY]["model_path"]
@@ -383,7 +383,9 @@ _DTYPES = {"auto": "float32", "float": "float32", "float32": "float32", "half": 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Our flags plus SGLang's launch flags (so a launcher can start either server)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m core.inference.server", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--model", "--model-path", dest="model", required=True, help="HF model folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)

@@ -20,14 +20,14 @@ import os
 from typing import Any
 
 from core.inference.api import (
+    DEFAULT_GROUP_NAME,
     GenerationRequest,
     GenerationResponse,
     SamplingParams,
     StopReason,
     WeightSource,
 )
-from core.inference.http_client import HTTPEngineClient
-from core.inference.validation import DEFAULT_GROUP_NAME
+from core.inference.clients.http_client import HTTPEngineClient
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ A batch (a list of prompts, or ``n > 1``) is answered with a list, prompt by pro
 ``text`` is there when the model folder has a tokenizer: the output decoded with the request's
 ``skip_special_tokens`` and ``spaces_between_special_tokens``, as SGLang's detokenizer does
 (``tokenizer.decode(ids, skip_special_tokens=..., spaces_between_special_tokens=...)``). The
-request is parsed by :mod:`core.inference.sglang_params`.
+request is parsed by :mod:`core.inference.server.sglang_params`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from core.inference.api import GenerationRequest, GenerationResponse
-from core.inference.hf_engine import GenerationError, HFEngine
-from core.inference.sglang_params import GenerateBatch, TextOptions
-from core.inference.validation import RequestError
+from core.inference.engine.hf_engine import GenerationError, HFEngine
+from core.inference.server.sglang_params import GenerateBatch, TextOptions
+from core.inference.server.validation import RequestError
 
 
 def finish_reason(resp: GenerationResponse) -> dict[str, Any]:

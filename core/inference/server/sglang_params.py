@@ -22,7 +22,7 @@ does: a single prompt with ``n > 1`` becomes a batch, and the answers come promp
 parameter, the seed included: seeded samples are identical, as in SGLang (send a batch with one
 seed each instead). ``rid`` is a string of at most ``max_rid_chars`` or null (for a batch also a
 list, or one string numbered per prompt); ``return_logprob`` and ``stream`` are booleans
-(``stream`` false). Rules shared with the other endpoints are in :mod:`core.inference.validation`.
+(``stream`` false). Rules shared with the other endpoints are in :mod:`core.inference.server.validation`.
 """
 
 from __future__ import annotations
@@ -31,9 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.inference.api import SamplingParams
-from core.inference.sampling import is_int
-from core.inference.stop_strings import stop_string_problems
-from core.inference.validation import (
+from core.inference.engine.sampling import is_int
+from core.inference.server.validation import (
     RequestError,
     RequestLimits,
     _finite,
@@ -44,6 +43,7 @@ from core.inference.validation import (
     _optional_bool,
     token_ids,
 )
+from core.inference.stop_strings import stop_string_problems
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when a request does not say
 MIN_TEMPERATURE = 1e-6  # below this (and above 0) the scaled logits overflow float32

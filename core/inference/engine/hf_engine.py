@@ -2,7 +2,7 @@
 
 A dedicated worker thread owns the model. ``agenerate`` (a coroutine, possibly on another
 thread's event loop) queues a request and awaits an asyncio future that the worker resolves with
-``loop.call_soon_threadsafe``. The worker runs *rounds* (see :mod:`core.inference.batching`):
+``loop.call_soon_threadsafe``. The worker runs *rounds* (see :mod:`core.inference.engine.batching`):
 the running requests plus up to ``max_batch_size`` waiting ones decode together, one forward per
 step for the whole batch, each finished request answered at once. Waiting requests join in
 order of their ``priority`` (the rollout executor's: oldest group first), then arrival. After
@@ -46,10 +46,10 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from core.inference.api import GenerationRequest, GenerationResponse, WeightSource
-from core.inference.batching import BatchDecoder, EngineStats, RoundStats, Slot
-from core.inference.sampling import validate_sampling
+from core.inference.engine.batching import BatchDecoder, EngineStats, RoundStats, Slot
+from core.inference.engine.sampling import validate_sampling
+from core.inference.engine.weights import load_weights, read_state_dict
 from core.inference.stop_strings import tail_matches
-from core.inference.weights import load_weights, read_state_dict
 
 logger = logging.getLogger(__name__)
 

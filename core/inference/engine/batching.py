@@ -3,7 +3,7 @@
 A round takes the engine's running requests and decodes one forward per step for all of them
 with a ``DynamicCache``, until every row is finished or the engine's ``should_stop`` ends it
 (pause, requests waiting to join, many finished rows). Between rounds the batch is kept
-(:class:`~core.inference.kv_batch.LiveBatch`): finished rows leave, new requests are prefilled on
+(:class:`~core.inference.engine.kv_batch.LiveBatch`): finished rows leave, new requests are prefilled on
 their own and join, and the surviving rows keep their KV cache. Where splicing caches is not
 possible (``splice=False``, or sliding-window/quantized cache layers) the next round re-prefills
 ``prompt + generated-so-far`` of every row instead -- simple and exact, but on CPU it costs as
@@ -30,7 +30,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from core.inference.api import GenerationRequest, GenerationResponse, StopReason
-from core.inference.kv_batch import (
+from core.inference.engine.kv_batch import (
     LiveBatch,
     adopt_layer,
     growing_cache,
@@ -38,9 +38,9 @@ from core.inference.kv_batch import (
     roomy_buffer,
     splice_supported,
 )
-from core.inference.penalties import RoundPenalties
-from core.inference.prefix_cache import PrefixCache
-from core.inference.sampling import BatchSampling, sample_next
+from core.inference.engine.penalties import RoundPenalties
+from core.inference.engine.prefix_cache import PrefixCache
+from core.inference.engine.sampling import BatchSampling, sample_next
 
 logger = logging.getLogger(__name__)
 

@@ -32,9 +32,10 @@ from aiohttp import web
 from torch import nn
 
 from core.inference.api import WeightSource
-from core.inference.hf_engine import HFEngine
-from core.inference.server_guard import next_version
-from core.inference.validation import (
+from core.inference.engine.hf_engine import HFEngine
+from core.inference.engine.weights import complete_tied_weights
+from core.inference.server.guard import next_version
+from core.inference.server.validation import (
     DistributedUpdate,
     RequestError,
     loads,
@@ -50,7 +51,6 @@ from core.inference.weight_broadcast import (
     open_group,
     receive_tensors,
 )
-from core.inference.weights import complete_tied_weights
 
 logger = logging.getLogger(__name__)
 

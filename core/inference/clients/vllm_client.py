@@ -29,7 +29,7 @@ from core.inference.api import (
     StopReason,
     WeightSource,
 )
-from core.inference.http_client import HTTPEngineClient
+from core.inference.clients.http_client import HTTPEngineClient
 
 logger = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from core.inference.hf_engine import HFEngine
-from core.inference.http_client import API_KEY_ENV
-from core.inference.validation import MAX_WEIGHT_VERSION, RequestError, RequestLimits
-from core.inference.weights import local_path
+from core.inference.clients.http_client import API_KEY_ENV
+from core.inference.engine.hf_engine import HFEngine
+from core.inference.engine.weights import local_path
+from core.inference.server.validation import MAX_WEIGHT_VERSION, RequestError, RequestLimits
 from core.storage import is_local
 
 OPEN_PATHS = frozenset({"/health", "/health_generate"})  # no key needed: liveness probes

@@ -11,7 +11,7 @@ Rules (each violation raises :class:`RequestError` naming the field; the server 
   than silently ignored: an ignored sampling field would make the behaviour policy differ from
   what the caller believes it sampled from.
 - ``/generate`` (``input_ids``, ``sampling_params`` and SGLang's other fields) is checked in
-  :mod:`core.inference.sglang_params`: token ids are JSON integers (not a float such as ``5.0``,
+  :mod:`core.inference.server.sglang_params`: token ids are JSON integers (not a float such as ``5.0``,
   not a bool, not a string) in ``[0, vocab_size)``; a prompt leaves room for one token in the
   context; ``max_new_tokens`` is capped by the context left after the prompt and the server's
   ``max_new_tokens_cap``; SGLang's sampling fields are range-checked as SGLang checks them.
@@ -23,7 +23,7 @@ Rules (each violation raises :class:`RequestError` naming the field; the server 
 - Distributed weight update: ``rank_offset`` in ``[1, world_size)`` (rank 0 sends), ``backend``
   gloo or nccl, ``group_name`` letters, digits and ``_.:-``; ``names`` distinct, with one
   ``dtypes`` name (``WEIGHT_DTYPES``) and one ``shapes`` list each; ``load_format`` null. Whether
-  they fit the model is checked in :mod:`core.inference.weight_sync_endpoints`.
+  they fit the model is checked in :mod:`core.inference.server.weight_sync_endpoints`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from core.inference.sampling import is_int
+from core.inference.api import DEFAULT_GROUP_NAME
+from core.inference.engine.sampling import is_int
 
 MAX_WEIGHT_VERSION = 2**31 - 1  # one version per optimizer step: anything above is a bug
 MAX_PATH_CHARS = 4096
@@ -51,7 +52,6 @@ DISTRIBUTED_UPDATE_FIELDS = frozenset(
      "weight_version", "load_format"}
 )  # fmt: skip
 GROUP_DESTROY_FIELDS = frozenset({"group_name"})
-DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's
 GROUP_BACKENDS = ("gloo", "nccl")
 WEIGHT_DTYPES = frozenset({"float32", "float16", "bfloat16", "float64"})
 MAX_GROUP_SIZE = 4096
@@ -342,13 +342,3 @@ def parse_group_destroy(body: Any) -> str:
     body = _object(body, "body")
     _no_unknown(body, GROUP_DESTROY_FIELDS, "")
     return _group_name(body)
-
-
-def __getattr__(name: str) -> Any:
-    """``parse_sampling``/``parse_generate`` moved to :mod:`core.inference.sglang_params`; still
-    importable from here (lazily: that module imports this one)."""
-    if name in ("parse_sampling", "parse_generate", "GenerateBatch"):
-        from core.inference import sglang_params
-
-        return getattr(sglang_params, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,9 +25,10 @@ from core.inference.chat import (
     normalize_messages,
     render,
 )
-from core.inference.hf_engine import HFEngine
+from core.inference.engine.hf_engine import HFEngine
+from core.inference.server.sglang_params import parse_sampling
+from core.inference.server.validation import RequestError, RequestLimits
 from core.inference.tool_calls import parse_tool_calls
-from core.inference.validation import RequestError, RequestLimits, parse_sampling
 from core.models.chat_template import end_of_turn_ids
 
 # OpenAI chat-completion fields we accept; those we do not act on are harmless hints.

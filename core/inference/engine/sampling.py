@@ -3,7 +3,7 @@
 The logprob we return is ``log_softmax(logits / T)`` at the chosen token (``T == 0`` means
 ``log_softmax(logits)``), where ``logits`` are the ones the token was sampled from: the model's,
 after the request's penalties, ``min_new_tokens`` mask and ``logit_bias``
-(:mod:`core.inference.penalties`), and *before* the top-k/top-p/min-p truncation. That is
+(:mod:`core.inference.engine.penalties`), and *before* the top-k/top-p/min-p truncation. That is
 SGLang's convention: its sampler returns ``log(softmax(logits / T))`` of the logits after
 ``apply_logits_bias`` (penalties, grammar mask, bias) and before its top-k/top-p/min-p
 sampling kernels (unless ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is set, which drops the
@@ -341,7 +341,7 @@ def sample_next(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return ``(token_ids [B], logprobs [B])``.
 
-    ``logits`` are the processed ones (after :class:`~core.inference.penalties.RoundPenalties`).
+    ``logits`` are the processed ones (after :class:`~core.inference.engine.penalties.RoundPenalties`).
     ``positions [B]`` (long) is each row's sequence length when sampling (prompt + output so
     far); it keys the noise of seeded rows and is ignored for the others.
     """
