@@ -13,7 +13,7 @@ from core.algorithms.aggregation import AGGREGATION_MODES
 from core.algorithms.estimators import ESTIMATORS, resolve_estimator
 from core.algorithms.kl import KL_ESTIMATORS
 from core.algorithms.policy_loss import BEHAVIOUR_LEVELS, BEHAVIOUR_MASK_MODES, IMPORTANCE_LEVELS
-from core.schema import documented
+from core.schema import bound_problems, documented
 
 
 @dataclass
@@ -29,42 +29,55 @@ class AlgorithmConfig:
         f"Advantage estimator, one of {tuple(ESTIMATORS)}, or a 'module:function' path to one "
         "registered with @advantage_estimator (core/algorithms/estimators.py).",
     )
-    group_size: int = documented(8, "Responses sampled per prompt (a group).")
+    group_size: int = documented(8, "Responses sampled per prompt (a group).", ge=1)
     normalize_std: bool = documented(True, "GRPO: divide by the group std (False = Dr.GRPO).")
-    gamma: float = documented(1.0, "Discount (GAE, REINFORCE++).")
-    lam: float = documented(1.0, "GAE lambda.")
+    gamma: float = documented(1.0, "Discount (GAE, REINFORCE++).", ge=0, le=1)
+    lam: float = documented(1.0, "GAE lambda.", ge=0, le=1)
 
     # --- Reward shaping ---------------------------------------------------------------------
     reward_bias: float = documented(0.0, "Added to rewards first.")
     reward_scale: float = documented(1.0, "Multiplies (reward + bias).")
-    reward_clip: float | None = documented(None, "Clip shaped rewards to [-c, c]; None = off.")
+    reward_clip: float | None = documented(
+        None, "Clip shaped rewards to [-c, c]; None = off.", gt=0
+    )
     overlong_reward_penalty: bool = documented(False, "DAPO soft overlong punishment on/off.")
-    overlong_buffer_len: int = documented(4096, "DAPO L_cache: length of the soft-penalty zone.")
-    overlong_penalty_factor: float = documented(1.0, "Penalty at (and beyond) the maximum length.")
+    overlong_buffer_len: int = documented(
+        4096, "DAPO L_cache: length of the soft-penalty zone.", gt=0
+    )
+    overlong_penalty_factor: float = documented(
+        1.0, "Penalty at (and beyond) the maximum length.", ge=0
+    )
     overlong_max_len: int | None = documented(
         None, "DAPO L_max; None = the rollout's max_new_tokens."
     )
-    kl_in_reward_coef: float = documented(0.0, "beta of the KL-to-reference penalty in the reward.")
+    kl_in_reward_coef: float = documented(
+        0.0, "beta of the KL-to-reference penalty in the reward.", ge=0
+    )
 
     # --- Sampling (temperature lives in rollout.temperature; the learner scales the same) -----
     dynamic_sampling: bool = documented(False, "DAPO: drop groups whose rewards are all equal.")
 
     # --- Policy loss ------------------------------------------------------------------------
-    eps_clip: float = documented(0.2, "PPO clip range (low side).")
-    eps_clip_high: float | None = documented(None, "Upper clip range; None = eps_clip (symmetric).")
-    dual_clip: float | None = documented(None, "Dual-clip constant c > 1; None = off.")
+    eps_clip: float = documented(0.2, "PPO clip range (low side).", ge=0)
+    eps_clip_high: float | None = documented(
+        None, "Upper clip range; None = eps_clip (symmetric).", ge=0
+    )
+    dual_clip: float | None = documented(None, "Dual-clip constant c > 1; None = off.", gt=1)
     importance_level: str = documented(
-        "token", f"Ratio level, one of {IMPORTANCE_LEVELS} (sequence = GSPO)."
+        "token",
+        f"Ratio level, one of {IMPORTANCE_LEVELS} (sequence = GSPO).",
+        choices=IMPORTANCE_LEVELS,
     )
     loss_aggregation: str = documented(
-        "token-mean", f"Loss aggregation, one of {AGGREGATION_MODES}."
+        "token-mean", f"Loss aggregation, one of {AGGREGATION_MODES}.", choices=AGGREGATION_MODES
     )
     loss_norm_constant: float | None = documented(
         None,
         "Constant length C of seq-mean-token-sum-norm; None = the generation budget "
         "(rollout.max_new_tokens) in an experiment config.",
+        gt=0,
     )
-    ppo_n_minibatches: int = documented(4, "Optimiser steps per training batch.")
+    ppo_n_minibatches: int = documented(4, "Optimiser steps per training batch.", ge=1)
 
     # --- Asynchronous (decoupled) PPO -------------------------------------------------------
     decoupled: bool = documented(
@@ -73,81 +86,58 @@ class AlgorithmConfig:
     behaviour_cap: float | None = documented(
         5.0,
         "Upper bound on the behaviour (rollout-correction) weight prox/behav; None = off.",
+        gt=0,
     )
     behaviour_mask_mode: str = documented(
         "mask",
         f"Outside the bounds: {BEHAVIOUR_MASK_MODES} (cap = truncated IS, mask = masked IS).",
+        choices=BEHAVIOUR_MASK_MODES,
     )
     behaviour_level: str = documented(
         "token",
         f"Behaviour weight level, one of {BEHAVIOUR_LEVELS}: per token, the row's product, or "
         "the row's geometric mean.",
+        choices=BEHAVIOUR_LEVELS,
     )
     behaviour_cap_low: float | None = documented(
-        None, "Masked IS only: weights below this are dropped too; None = no lower bound."
+        None, "Masked IS only: weights below this are dropped too; None = no lower bound.", gt=0
     )
     behaviour_veto: float | None = documented(
-        None, "Drop a whole row if any token's own weight is below this; None = off."
+        None, "Drop a whole row if any token's own weight is below this; None = off.", gt=0, le=1
     )
     use_loglinear_proximal: bool = documented(
         False, "Approximate proximal logprobs log-linearly instead of recomputing."
     )
 
     # --- KL / entropy regularisation --------------------------------------------------------
-    kl_coef: float = documented(0.0, "KL-to-reference loss coefficient.")
-    kl_estimator: str = documented("k3", f"KL estimator, one of {KL_ESTIMATORS}.")
-    entropy_coef: float = documented(0.0, "Entropy bonus coefficient.")
+    kl_coef: float = documented(0.0, "KL-to-reference loss coefficient.", ge=0)
+    kl_estimator: str = documented(
+        "k3", f"KL estimator, one of {KL_ESTIMATORS}.", choices=KL_ESTIMATORS
+    )
+    entropy_coef: float = documented(0.0, "Entropy bonus coefficient.", ge=0)
 
     # --- Critic -----------------------------------------------------------------------------
     use_critic: bool = documented(False, "Train a value model (GAE).")
-    value_clip: float | None = documented(0.5, "Value clip range; None = unclipped.")
-    value_loss_coef: float = documented(0.5, "Weight of the value loss.")
+    value_clip: float | None = documented(0.5, "Value clip range; None = unclipped.", gt=0)
+    value_loss_coef: float = documented(0.5, "Weight of the value loss.", ge=0)
 
     # --- Optimisation -----------------------------------------------------------------------
-    lr: float = documented(1e-6, "Policy learning rate.")
-    critic_lr: float = documented(1e-5, "Critic learning rate.")
-    weight_decay: float = documented(0.01, "AdamW weight decay.")
-    max_grad_norm: float = documented(1.0, "Gradient clipping norm.")
+    lr: float = documented(
+        1e-6, "Policy learning rate (0: the mismatch canary, the policy must not move).", ge=0
+    )
+    critic_lr: float = documented(1e-5, "Critic learning rate.", gt=0)
+    weight_decay: float = documented(0.01, "AdamW weight decay.", ge=0)
+    max_grad_norm: float = documented(1.0, "Gradient clipping norm.", gt=0)
 
     def __post_init__(self) -> None:
         _validate(self)
 
 
-def _choice(cfg: AlgorithmConfig, name: str, allowed: tuple[str, ...]) -> None:
-    if getattr(cfg, name) not in allowed:
-        raise ValueError(f"{name}={getattr(cfg, name)!r} is not one of {allowed}")
-
-
-def _at_least(cfg: AlgorithmConfig, name: str, low: float, *, strict: bool = False) -> None:
-    value = getattr(cfg, name)
-    if value is None:
-        return
-    if value < low or (strict and value == low):
-        raise ValueError(f"{name}={value!r} must be {'>' if strict else '>='} {low}")
-
-
 def _validate(cfg: AlgorithmConfig) -> None:
     """Raise ValueError naming the first offending field."""
+    for problem in bound_problems(cfg):  # the bounds and choices declared on the fields
+        raise ValueError(problem)
     estimator = resolve_estimator(cfg.adv_estimator)
-    _choice(cfg, "importance_level", IMPORTANCE_LEVELS)
-    _choice(cfg, "behaviour_level", BEHAVIOUR_LEVELS)
-    _choice(cfg, "behaviour_mask_mode", BEHAVIOUR_MASK_MODES)
-    _choice(cfg, "loss_aggregation", AGGREGATION_MODES)
-    _choice(cfg, "kl_estimator", KL_ESTIMATORS)
-    for name in ("eps_clip", "eps_clip_high", "kl_coef", "kl_in_reward_coef", "weight_decay"):
-        _at_least(cfg, name, 0.0)
-    for name in ("value_loss_coef", "overlong_penalty_factor", "entropy_coef"):
-        _at_least(cfg, name, 0.0)
-    for name in ("group_size", "ppo_n_minibatches"):
-        _at_least(cfg, name, 1)
-    for name in ("reward_clip", "behaviour_cap", "value_clip", "loss_norm_constant"):
-        _at_least(cfg, name, 0.0, strict=True)
-    _at_least(cfg, "lr", 0.0)  # lr = 0: the mismatch canary (the policy must not move)
-    for name in ("critic_lr", "max_grad_norm", "overlong_buffer_len"):
-        _at_least(cfg, name, 0.0, strict=True)
-    _at_least(cfg, "dual_clip", 1.0, strict=True)
-    for name in ("behaviour_cap_low", "behaviour_veto"):
-        _at_least(cfg, name, 0.0, strict=True)
     if cfg.behaviour_cap_low is not None:
         if cfg.behaviour_mask_mode != "mask":
             raise ValueError("behaviour_cap_low needs behaviour_mask_mode='mask' (masked IS)")
@@ -156,11 +146,6 @@ def _validate(cfg: AlgorithmConfig) -> None:
                 f"behaviour_cap_low={cfg.behaviour_cap_low} must be below "
                 f"behaviour_cap={cfg.behaviour_cap}"
             )
-    if cfg.behaviour_veto is not None and cfg.behaviour_veto > 1.0:
-        raise ValueError(f"behaviour_veto={cfg.behaviour_veto} must be in (0, 1]")
-    for name in ("gamma", "lam"):
-        if not 0.0 <= getattr(cfg, name) <= 1.0:
-            raise ValueError(f"{name}={getattr(cfg, name)!r} must be in [0, 1]")
     if estimator.groups and cfg.group_size < 2:
         raise ValueError(f"group_size must be >= 2 for adv_estimator={cfg.adv_estimator!r}")
     if cfg.dynamic_sampling and cfg.group_size < 2:

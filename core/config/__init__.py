@@ -22,7 +22,6 @@ from core.config.export import (
     to_yaml,
 )
 from core.config.loading import (
-    CHOICES,
     RENAMED,
     ConfigSource,
     load_config,
@@ -50,7 +49,6 @@ from core.config.sections import (
 )
 
 __all__ = [
-    "CHOICES",
     "RENAMED",
     "CheckpointConfig",
     "ClusterConfig",

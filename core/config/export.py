@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from core.config.loading import type_name
 from core.config.sections import Config
 from core.redaction import redact
+from core.schema import describe_bounds
 
 
 def to_dict(config: Config) -> dict[str, Any]:
@@ -101,7 +102,11 @@ def field_docs(schema: type = Config, prefix: str = "") -> list[tuple[str, str, 
             rows.extend(field_docs(typing.cast(type, hint), f"{key}."))
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        rows.append((key, type_name(hint), repr(default), f.metadata.get("help", "")))
+        help_text, bounds = f.metadata.get("help", ""), f.metadata.get("bounds", {})
+        named = all(str(c) in help_text for c in bounds.get("choices", ["?"]))
+        if bounds and not named:  # choices the help text names already are not repeated
+            help_text = f"{help_text} Must be {describe_bounds(bounds)}."
+        rows.append((key, type_name(hint), repr(default), help_text))
     return rows
 
 

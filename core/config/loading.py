@@ -35,28 +35,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from core.algorithms.config import PRESETS
 from core.config.sections import ClusterConfig, Config, ConfigError, ModelConfig
-from core.data.prompting import PROMPT_FORMATS
 from core.data.sources import resolve_source
 from core.data.templates import template_problems
 from core.rewards.registry import resolve_reward
 from core.rollout.api import workflow_class
+from core.schema import bound_problems
 
 logger = logging.getLogger(__name__)
-
-CHOICES: dict[str, tuple[str, ...]] = {
-    "scheduler.type": ("local", "ray"),
-    "model.dtype": ("float32", "bfloat16", "float16"),
-    "model.attn_implementation": ("sdpa", "eager", "flash_attention_2"),
-    "rollout.engine": ("hf", "sglang", "vllm"),
-    "checkpoint.recover": ("off", "auto"),
-    "data.prompt_format": PROMPT_FORMATS,
-    "rollout.sandbox": ("strict", "best_effort"),
-    "rollout.server_launcher": ("asyncrl", "sglang"),
-    "rollout.weight_sync": ("disk", "distributed"),
-    "rollout.trajectory_mode": ("conversation", "per_turn"),
-    "rollout.kv_after_update": ("recompute", "keep"),
-}
-
 
 # Keys renamed since earlier releases: an old key fails with a message naming the new one.
 RENAMED: dict[str, str] = {"actor": "learner", "eval.batch_size": "eval.max_concurrent"}
@@ -193,53 +178,17 @@ def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
     return nested
 
 
-# Range checks by key; every float anywhere in the config must also be finite.
-POSITIVE = (
-    "rollout.batch_size", "rollout.max_concurrent", "rollout.max_new_tokens", "rollout.max_turns",
-    "rollout.tool_timeout_s", "learner.n_ranks", "learner.micro_batch_tokens",
-    "eval.max_concurrent", "eval.max_new_tokens", "sft.batch_size", "sft.lr", "model.vocab_size",
-    "cluster.n_nodes", "scheduler.torch_threads", "scheduler.learner_cpus",
-    "scheduler.rollout_cpus", "checkpoint.keep_last", "cluster.lock_stale_s",
-    "rollout.stall_warn_s", "rollout.stall_timeout_s", "rollout.reward_timeout_s",
-    "model.lora_alpha", "rollout.n_servers", "scheduler.server_cpus",
-    "learner.mismatch_tolerance",
-)  # fmt: skip
-NON_NEGATIVE = (
-    "rollout.max_staleness", "rollout.top_k", "rollout.tool_latency_s", "learner.total_steps",
-    "rollout.tool_latency_p99_s", "rollout.prefix_cache_tokens", "rollout.max_batch_rows",
-    "sft.steps", "sft.warmup_steps", "sft.weight_decay", "sft.max_grad_norm",
-    "eval.every_n_steps", "eval.n_samples", "eval.n_problems", "checkpoint.every_n_steps",
-    "data.n_train", "data.n_test", "cluster.n_gpus_per_node", "data.max_prompt_tokens",
-    "rollout.reward_workers", "rollout.max_filtered_in_a_row", "model.lora_rank",
-)  # fmt: skip
-FRACTIONS = (  # in [0, 1] (None allowed where the field is optional)
-    "sft.min_lr_ratio", "rollout.max_failure_rate", "data.test_ratio",
-    "learner.mismatch_warn_frac",
-)  # fmt: skip
-
-
 def validate(config: Config) -> None:
     """Value and cross-field checks, and the plug-ins resolved: all before any work starts."""
     for key, value in _leaves(config):
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}={value} must be a finite number")
-    for key, choices in CHOICES.items():
-        value = select(config, key)
-        if value not in choices:
-            raise ConfigError(f"{key}={value!r} is not one of {list(choices)}")
+    for problem in bound_problems(config):  # the bounds and choices declared on the fields
+        raise ConfigError(problem)
     try:
         source = resolve_source(config.data.source)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    for key in POSITIVE:
-        if select(config, key) <= 0:
-            raise ConfigError(f"{key} must be > 0, got {select(config, key)}")
-    for key in NON_NEGATIVE:
-        if select(config, key) < 0:
-            raise ConfigError(f"{key} must be >= 0, got {select(config, key)}")
-    for key in FRACTIONS:
-        if select(config, key) is not None and not 0 <= select(config, key) <= 1:
-            raise ConfigError(f"{key} must be in [0, 1], got {select(config, key)}")
     for problem in template_problems(config.data.template):
         raise ConfigError(problem)
     if config.data.source == "dataset" and not config.data.path:

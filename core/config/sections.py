@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from core.algorithms.config import AlgorithmConfig
 from core.data.code_synthetic import CodeSpec
+from core.data.prompting import PROMPT_FORMATS
 from core.data.synthetic import SyntheticSpec
 from core.schema import documented
 from core.workflows.search_data import SearchSpec
@@ -51,8 +52,8 @@ class ClusterConfig:
         "the environment variable ASYNCRL_FILEROOT replaces it when set (asyncrl stack up prints "
         "it: the stack's bucket); the run logs which one it used.",
     )
-    n_nodes: int = documented(1, "Number of machines (Ray nodes) the run spans.")
-    n_gpus_per_node: int = documented(0, "GPUs per node; 0 runs everything on CPU.")
+    n_nodes: int = documented(1, "Number of machines (Ray nodes) the run spans.", gt=0)
+    n_gpus_per_node: int = documented(0, "GPUs per node; 0 runs everything on CPU.", ge=0)
     ray_address: str = documented(
         "", "Address of an existing Ray cluster to join; empty starts a local one."
     )
@@ -61,6 +62,7 @@ class ClusterConfig:
         "A run folder is locked while its job runs (LOCK file with owner and heartbeat); another "
         "job takes a lock over when its owner on this host has exited, or after this many seconds "
         "without a heartbeat from another host.",
+        gt=0,
     )
 
 
@@ -69,15 +71,17 @@ class SchedulerConfig:
     """How the rollout and learner processes are placed."""
 
     type: str = documented(
-        "local", "'local' (plain processes, for debugging) or 'ray' (Ray actors)."
+        "local",
+        "'local' (plain processes, for debugging) or 'ray' (Ray actors).",
+        choices=("local", "ray"),
     )
-    learner_cpus: float = documented(1.0, "CPUs reserved for the learner group (Ray).")
-    rollout_cpus: float = documented(1.0, "CPUs reserved for the rollout side (Ray).")
+    learner_cpus: float = documented(1.0, "CPUs reserved for the learner group (Ray).", gt=0)
+    rollout_cpus: float = documented(1.0, "CPUs reserved for the rollout side (Ray).", gt=0)
     torch_threads: int = documented(
-        1, "torch.set_num_threads per process: each side on its own core(s), or they fight."
+        1, "torch.set_num_threads per process: each side on its own core(s), or they fight.", gt=0
     )
     server_cpus: float = documented(
-        1.0, "CPUs reserved for each inference server the run launches (Ray)."
+        1.0, "CPUs reserved for each inference server the run launches (Ray).", gt=0
     )
     server_resource: str = documented(
         "",
@@ -107,11 +111,17 @@ class ModelConfig:
         "Tokenizer folder or hub id; empty = the model's (presets train a BPE tokenizer on the training data).",
     )
     vocab_size: int = documented(
-        400, "Vocabulary size of the tokenizer trained for a preset model."
+        400, "Vocabulary size of the tokenizer trained for a preset model.", gt=0
     )
-    dtype: str = documented("float32", "Parameter dtype: float32 (CPU), bfloat16 or float16 (GPU).")
+    dtype: str = documented(
+        "float32",
+        "Parameter dtype: float32 (CPU), bfloat16 or float16 (GPU).",
+        choices=("float32", "bfloat16", "float16"),
+    )
     attn_implementation: str = documented(
-        "sdpa", "Attention kernel: 'sdpa' (CPU/GPU), 'flash_attention_2' (GPU, gpu extra), 'eager'."
+        "sdpa",
+        "Attention kernel: 'sdpa' (CPU/GPU), 'flash_attention_2' (GPU, gpu extra), 'eager'.",
+        choices=("sdpa", "eager", "flash_attention_2"),
     )
     lora_rank: int = documented(
         0,
@@ -119,9 +129,10 @@ class ModelConfig:
         "all weights; r > 0 freezes the model and trains rank-r adapters on "
         "model.lora_target_modules. Engines receive the merged weights; checkpoints and exports "
         "also hold the adapter (adapter/). The SFT warm start and the critic train all weights.",
+        ge=0,
     )
     lora_alpha: float = documented(
-        16.0, "LoRA scaling: the adapters' update is multiplied by lora_alpha / lora_rank."
+        16.0, "LoRA scaling: the adapters' update is multiplied by lora_alpha / lora_rank.", gt=0
     )
     lora_target_modules: list[str] = documented(
         ["all-linear"],
@@ -159,6 +170,7 @@ class DataConfig:
         "'template' (data.template as text, the tokenizer's own special tokens) or 'chat' (the "
         "tokenizer's chat template over data.system_prompt and a user turn holding data.template; "
         "generation also stops at the template's end-of-turn token).",
+        choices=PROMPT_FORMATS,
     )
     template: str = documented(
         "plain",
@@ -174,11 +186,12 @@ class DataConfig:
         factory=list,
     )
     n_train: int = documented(
-        4000, "Training problems (synthetic: generated; gsm8k: the first n, 0 = all)."
+        4000, "Training problems (synthetic: generated; gsm8k: the first n, 0 = all).", ge=0
     )
     n_test: int = documented(
         1000,
         "Held-out problems (synthetic: generated; gsm8k: the first n of the test split, 0 = all).",
+        ge=0,
     )
     path: str = documented(
         "",
@@ -194,6 +207,8 @@ class DataConfig:
         0.0,
         "source=dataset: hold out this share of the training split (seeded) as the eval set "
         "instead of test_split; 0 = use test_split.",
+        ge=0,
+        le=1,
     )
     prompt_key: str = documented("question", "source=dataset: the column holding the prompt.")
     answer_key: str = documented(
@@ -210,6 +225,7 @@ class DataConfig:
         0,
         "Drop samples whose prompt (as the model sees it) is longer than this many tokens, "
         "counted per split in the summary; 0 = keep all.",
+        ge=0,
     )
     strict: bool = documented(False, "Raise on a bad row instead of skipping it with a warning.")
     synthetic: SyntheticSpec = documented(
@@ -231,13 +247,15 @@ class SFTConfig:
     enabled: bool = documented(
         True, "Run the SFT warm start (preset models start from random weights)."
     )
-    steps: int = documented(600, "Optimizer steps.")
-    batch_size: int = documented(32, "Sequences per optimizer step.")
-    lr: float = documented(2e-3, "Peak learning rate (AdamW).")
-    warmup_steps: int = documented(30, "Linear warm-up steps before the cosine decay.")
-    min_lr_ratio: float = documented(0.1, "Final learning rate as a fraction of the peak.")
-    weight_decay: float = documented(0.0, "AdamW weight decay.")
-    max_grad_norm: float = documented(1.0, "Gradient clipping norm.")
+    steps: int = documented(600, "Optimizer steps.", ge=0)
+    batch_size: int = documented(32, "Sequences per optimizer step.", gt=0)
+    lr: float = documented(2e-3, "Peak learning rate (AdamW).", gt=0)
+    warmup_steps: int = documented(30, "Linear warm-up steps before the cosine decay.", ge=0)
+    min_lr_ratio: float = documented(
+        0.1, "Final learning rate as a fraction of the peak.", ge=0, le=1
+    )
+    weight_decay: float = documented(0.0, "AdamW weight decay.", ge=0)
+    max_grad_norm: float = documented(1.0, "Gradient clipping norm.", ge=0)
 
 
 @dataclass
@@ -248,6 +266,7 @@ class RolloutConfig:
         "hf",
         "'hf' (our engine inside the rollout worker, CPU/GPU), 'sglang' (servers speaking "
         "SGLang's HTTP API: launched by the run, or running ones) or 'vllm' (running servers).",
+        choices=("hf", "sglang", "vllm"),
     )
     server_addresses: list[str] = documented(
         [],
@@ -256,12 +275,13 @@ class RolloutConfig:
         "rollout.n_servers servers itself (required with vllm; unused with hf).",
     )
     n_servers: int = documented(
-        1, "Inference servers the run launches (rollout.engine=sglang, no server_addresses)."
+        1, "Inference servers the run launches (rollout.engine=sglang, no server_addresses).", gt=0
     )
     server_launcher: str = documented(
         "asyncrl",
         "What the run launches: 'asyncrl' (our engine server, python -m core.inference.server, "
         "CPU or CUDA) or 'sglang' (python -m sglang.launch_server, a GPU node).",
+        choices=("asyncrl", "sglang"),
     )
     weight_sync: str = documented(
         "disk",
@@ -269,15 +289,20 @@ class RolloutConfig:
         "run folder; uploaded and fetched when that is s3:// etc.) or 'distributed' (broadcast "
         "from the learner's rank 0 over a process group, SGLang's update_weights_from_distributed; "
         "gloo on CPU, nccl with GPUs).",
+        choices=("disk", "distributed"),
     )
     server_python: str = documented(
         "",
         "Interpreter of the launched servers (SGLang pins its own torch: point this at its "
         "environment); empty = this one.",
     )
-    batch_size: int = documented(16, "Prompts per training step (each sampled group_size times).")
+    batch_size: int = documented(
+        16, "Prompts per training step (each sampled group_size times).", gt=0
+    )
     max_staleness: int = documented(
-        4, "Staleness bound η: a sample may be at most η weight versions old; 0 = synchronous RL."
+        4,
+        "Staleness bound η: a sample may be at most η weight versions old; 0 = synchronous RL.",
+        ge=0,
     )
     adaptive_staleness: bool = documented(
         False,
@@ -286,7 +311,7 @@ class RolloutConfig:
         "to wait for, and falls after a step that found a whole spare batch ready. Data is never "
         "older than max_staleness either way; off = always admit up to max_staleness.",
     )
-    max_concurrent: int = documented(64, "Most episodes in flight at once.")
+    max_concurrent: int = documented(64, "Most episodes in flight at once.", gt=0)
     max_batch_rows: int = documented(
         0,
         "Most requests an engine decodes together: the in-process one (rollout.engine=hf), or "
@@ -295,12 +320,14 @@ class RolloutConfig:
         "Below the number of calls waiting, the oldest groups' calls go first, so groups "
         "finish in about the order they started instead of all advancing together (with many "
         "episodes in flight, every group then reaches the staleness bound at once).",
+        ge=0,
     )
     prefix_cache_tokens: int = documented(
         131_072,
         "Tokens of finished requests' KV cache the in-process engine keeps, so a request that "
         "continues one (an agent's next call) prefills only its new tokens; 0 = off. Cleared "
         "on every weight update unless rollout.kv_after_update=keep.",
+        ge=0,
     )
     kv_after_update: str = documented(
         "recompute",
@@ -312,13 +339,14 @@ class RolloutConfig:
         "tokens are sampled from a mix of versions; their recorded log-probs are the ones "
         "sampled with, so the behaviour weights stay exact). Our engines only "
         "(rollout.engine=hf, or server_launcher=asyncrl).",
+        choices=("recompute", "keep"),
     )
-    max_new_tokens: int = documented(64, "Generation budget per completion.")
+    max_new_tokens: int = documented(64, "Generation budget per completion.", gt=0)
     temperature: float = documented(
         1.0, "Sampling temperature (the learner scales its logits the same way)."
     )
     top_p: float = documented(1.0, "Nucleus sampling; 1.0 = off.")
-    top_k: int = documented(0, "Top-k sampling; 0 = off.")
+    top_k: int = documented(0, "Top-k sampling; 0 = off.", ge=0)
     workflow: str = documented(
         "core.workflows.rlvr:RLVRWorkflow", "Episode workflow, by import path."
     )
@@ -331,30 +359,34 @@ class RolloutConfig:
         "Score rewards in this many verifier processes, off the rollout event loop, each call "
         "bounded by reward_timeout_s (for slow or untrusted verifiers: math-verify, code tests); "
         "0 = call the reward inline (fast rewards).",
+        ge=0,
     )
     reward_timeout_s: float = documented(
         10.0,
         "With reward_workers: a call past this many seconds scores 0 (counted, process replaced).",
+        gt=0,
     )
     max_failure_rate: float = documented(
-        0.2, "Stop the run when more than this share of episodes fail."
+        0.2, "Stop the run when more than this share of episodes fail.", ge=0, le=1
     )
     max_filtered_in_a_row: int = documented(
         256,
         "Stop the run when the group filter (DAPO's dynamic sampling) refuses this many groups "
         "in a row (a warning every rollout.batch_size of them); 0 = never stop.",
+        ge=0,
     )
     stall_warn_s: float = documented(
         60.0,
         "While the learner waits this long for a batch, log what the rollout is waiting for "
         "(ready and running groups, versions, filter and failure counts), and again after each "
         "further period.",
+        gt=0,
     )
     stall_timeout_s: float = documented(
-        3600.0, "Stop the run when no batch is ready after this many seconds of waiting."
+        3600.0, "Stop the run when no batch is ready after this many seconds of waiting.", gt=0
     )
     max_turns: int = documented(
-        4, "Tool-agent and agent workflows: most model turns (completion calls) per episode."
+        4, "Tool-agent and agent workflows: most model turns (completion calls) per episode.", gt=0
     )
     agent: str = documented(
         "",
@@ -367,11 +399,13 @@ class RolloutConfig:
         "trained and the rest masked (a new one starts where the agent rewrote its history); "
         "'per_turn': one trajectory per completion call, its prompt masked. Group advantages "
         "(grpo, rloo) count each episode once either way.",
+        choices=("conversation", "per_turn"),
     )
     tool_latency_s: float = documented(
         0.0,
         "Tool-agent and agent workflows: simulated latency per tool call (models remote "
         "tools/APIs); with tool_latency_p99_s, the median of a long-tailed (log-normal) latency.",
+        ge=0,
     )
     tool_latency_p99_s: float = documented(
         0.0,
@@ -379,12 +413,14 @@ class RolloutConfig:
         "log-normal latency whose median is tool_latency_s (sigma = ln(p99/median)/2.3263), "
         "drawn per call, seeded per episode; 0 = no tail, every call takes tool_latency_s. "
         "Must be >= tool_latency_s > 0 when set.",
+        ge=0,
     )
     tool_timeout_s: float = documented(
         5.0,
         "Wall-time limit of one sandboxed python call: the tool agent's python tool, and the "
         "test run of a reward that runs code (core.rewards.code); also the per-call limit of the "
         "search agent's tools, past which a call returns a timeout error.",
+        gt=0,
     )
     sandbox: str = documented(
         "strict",
@@ -392,6 +428,7 @@ class RolloutConfig:
         "tool, the tests of core.rewards.code) (user/PID/network/IPC/mount namespaces, seccomp): "
         "'strict' refuses to run the code, "
         "naming what is missing; 'best_effort' runs it with what exists and warns once.",
+        choices=("strict", "best_effort"),
     )
 
 
@@ -399,9 +436,9 @@ class RolloutConfig:
 class LearnerConfig:
     """The learner that trains the policy."""
 
-    n_ranks: int = documented(1, "Data-parallel FSDP2 ranks (processes).")
+    n_ranks: int = documented(1, "Data-parallel FSDP2 ranks (processes).", gt=0)
     micro_batch_tokens: int = documented(
-        8192, "Token budget of one micro-batch (gradient accumulation splits above it)."
+        8192, "Token budget of one micro-batch (gradient accumulation splits above it).", gt=0
     )
     pack_sequences: bool = documented(
         False,
@@ -421,18 +458,21 @@ class LearnerConfig:
         "(core/training/shared_prompts.py; a GRPO group of G samples computes its prompt once). "
         "RL only; off under pack_sequences, and the critic stays padded.",
     )
-    total_steps: int = documented(40, "RL training steps (weight versions).")
+    total_steps: int = documented(40, "RL training steps (weight versions).", ge=0)
     mismatch_tolerance: float = documented(
         1e-3,
         "Train/inference mismatch check: a trained token generated at the learner's version "
         "counts as mismatched when |log π_learner - log π_engine| exceeds this "
         "(core/training/mismatch.py; measured on CPU fp32: at most ~1e-5). Low-precision "
         "engines on GPU need a larger value.",
+        gt=0,
     )
     mismatch_warn_frac: float | None = documented(
         0.01,
         "Warn, naming the worst sample and position, when more than this share of the checked "
         "tokens of a step is mismatched; None = never warn (the metrics are logged anyway).",
+        ge=0,
+        le=1,
     )
 
 
@@ -450,16 +490,23 @@ class CriticConfig:
 class EvalConfig:
     """Held-out evaluation."""
 
-    n_problems: int = documented(1000, "Held-out problems evaluated (<= data.n_test; 0 = all).")
-    max_concurrent: int = documented(
-        128, "Most held-out episodes in flight at once (the engine batches what is in flight)."
+    n_problems: int = documented(
+        1000, "Held-out problems evaluated (<= data.n_test; 0 = all).", ge=0
     )
-    max_new_tokens: int = documented(64, "Generation budget per answer.")
-    every_n_steps: int = documented(10, "Evaluate every N RL steps (0 = only before and after).")
+    max_concurrent: int = documented(
+        128,
+        "Most held-out episodes in flight at once (the engine batches what is in flight).",
+        gt=0,
+    )
+    max_new_tokens: int = documented(64, "Generation budget per answer.", gt=0)
+    every_n_steps: int = documented(
+        10, "Evaluate every N RL steps (0 = only before and after).", ge=0
+    )
     n_samples: int = documented(
         0,
         "Sampled answers per problem, besides the greedy one behind accuracy, for pass@k and "
         "mean@k (k = 1 and n_samples); 0 = none.",
+        ge=0,
     )
     temperature: float = documented(
         1.0, "Sampling temperature of those answers (plain sampling: no top-p/top-k)."
@@ -473,8 +520,8 @@ class CheckpointConfig:
     url: str = documented(
         "", "Where checkpoints go (any fsspec URL); empty = {run_dir}/checkpoints."
     )
-    every_n_steps: int = documented(20, "Checkpoint every N RL steps (0 = only at the end).")
-    keep_last: int = documented(2, "Committed checkpoints to keep.")
+    every_n_steps: int = documented(20, "Checkpoint every N RL steps (0 = only at the end).", ge=0)
+    keep_last: int = documented(2, "Committed checkpoints to keep.", gt=0)
     on_signal: bool = documented(
         False,
         "On SIGTERM/SIGINT during RL, commit a final checkpoint before stopping when the loop is "
@@ -484,6 +531,7 @@ class CheckpointConfig:
         "off",
         "'off' or 'auto': resume from the newest valid committed checkpoint (a torn or corrupt "
         "one is skipped with a warning); without experiment.trial, of the latest run.",
+        choices=("off", "auto"),
     )
 
 
