@@ -4,8 +4,9 @@ MLflow params, tags and artifacts, the Prefect flow-run parameters, and the run 
 ``config.yaml`` / ``summary.json`` all pass through :func:`redact`. A value is masked when its key
 names a credential (``aws_secret_access_key``, ``apiKey``, ``hf_token``: whole words, so
 ``max_new_tokens`` passes), and inside any string: URL passwords (``s3://user:***@host``, also
-when the password holds ``/`` as AWS secrets do), ``…key=…``/``…token=…`` query parameters, and
-well-known credential shapes (AWS key ids, GitHub/Hugging Face/OpenAI/Slack tokens, bearer
+when the password holds ``/`` as AWS secrets do), ``…key=…``/``…token=…`` query parameters,
+a secret's value after its name in JSON (``"api_key": "…"``), YAML (``password: …``) or a
+command-line flag (``--api-key …``), and well-known credential shapes (AWS key ids, GitHub/Hugging Face/OpenAI/Slack tokens, bearer
 tokens, JWTs). Pass secrets through the environment (``key=${oc.env:NAME}`` in a config or an
 override is resolved at run time and stored as written).
 """
@@ -31,6 +32,13 @@ _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@]*):(?P<
 # name=value (a query parameter, an override, an env assignment): masked when the name is a
 # secret key — token=, api_key=, aws_secret_access_key=, X-Amz-Signature= (presigned), sig= (SAS).
 _ASSIGNMENT = re.compile(r"(?<![\w.\-])(?P<name>[A-Za-z_][\w.\-]*)=(?P<value>[^&\s]+)")
+# Other shapes a secret's name precedes it in: JSON ("api_key": "abc123"), YAML or a header
+# (password: hunter2), a command-line flag (--api-key sk-..., --token=...).
+_JSON_PAIR = re.compile(r'"(?P<name>[^"\\]{1,100})"\s*:\s*"(?P<value>(?:[^"\\]|\\.)+)"')
+_COLON_PAIR = re.compile(
+    r"(?<![\w.\-/])(?P<name>[A-Za-z_][\w.\-]*)\s*:[ \t]*(?P<value>(?i:(?:basic|bearer|digest|token)[ \t]+)?[^\s,;&\"'}]+)"
+)
+_FLAG = re.compile(r"(?<!\S)--?(?P<name>[A-Za-z][\w\-]*)(?:[ \t]+|=)(?P<value>[^\s\-][^\s]*)")
 # Well-known credential shapes that may appear bare in a value.
 _CREDENTIAL_VALUE = re.compile(
     r"\b(?:(?:AKIA|ASIA)[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
@@ -58,7 +66,18 @@ def redact_value(value: str) -> str:
     value = _ASSIGNMENT.sub(
         lambda m: f"{m['name']}={REDACTED}" if is_secret_key(m["name"]) else m[0], value
     )
+    for shape in (_JSON_PAIR, _COLON_PAIR, _FLAG):
+        value = shape.sub(_masked, value)
     return _CREDENTIAL_VALUE.sub(REDACTED, value)
+
+
+def _masked(match: re.Match[str]) -> str:
+    """The match with its ``value`` group masked when its ``name`` is a secret key."""
+    if not is_secret_key(match["name"]) or match["value"] == REDACTED:
+        return match[0]
+    start, end = match.span("value")
+    offset = match.start()
+    return f"{match[0][: start - offset]}{REDACTED}{match[0][end - offset :]}"
 
 
 def redact(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,7 +35,15 @@ def test_is_secret_key(key: str, secret: bool) -> None:
         (f"Authorization: Bearer {SECRET}", "Authorization: ***"),
         ("id AKIAABCDEFGHIJKLMNOP", "id ***"),
         ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJlMTIz", "jwt ***"),
+        # a secret's name before it: YAML or a header, a flag, JSON inside a string
+        ("password: hunter2", "password: ***"),
+        ("Authorization: Basic dXNlcjpwYXNz", "Authorization: ***"),
+        ("run --api-key sk-abc --steps 3", "run --api-key *** --steps 3"),
+        ("serve --token=abc123", "serve --token=***"),
+        ('{"api_key": "abc123", "prompt_key": "q"}', '{"api_key": "***", "prompt_key": "q"}'),
         # not secrets: left alone
+        ("prompt_key: question, time: 12:30", "prompt_key: question, time: 12:30"),
+        ("--max-new-tokens 8 --model-path /m", "--max-new-tokens 8 --model-path /m"),
         ("s3://bucket/path:with/colon@x", "s3://bucket/path:with/colon@x"),
         ("plain text, http://host:80/path", "plain text, http://host:80/path"),
         ("rollout.max_new_tokens=64", "rollout.max_new_tokens=64"),
