@@ -104,25 +104,19 @@ def read_jsonl_lines(
 ) -> tuple[list[tuple[int, dict]], list[tuple[str, str]]]:
     """Parse a JSONL file line by line: ``([(line number, row)], [(\"line N\", reason)])``.
 
-    Blank lines are skipped; a line that is not JSON, or not a JSON object, is reported with
-    its number (with ``strict`` it raises ValueError naming the file and line) instead of
+    Blank lines are skipped; a line that is not UTF-8, not JSON, or not a JSON object, is
+    reported with its number (with ``strict`` it raises ValueError naming the file and line) instead of
     failing the whole file as a bulk parser would.
     """
     import fsspec
 
     rows: list[tuple[int, dict]] = []
     bad: list[tuple[str, str]] = []
-    with fsspec.open(url, "r", encoding="utf-8", **copy.deepcopy(storage_options or {})) as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
+    with fsspec.open(url, "rb", **copy.deepcopy(storage_options or {})) as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
-            try:
-                row = json.loads(line)
-                reason = (
-                    None if isinstance(row, dict) else f"a JSON {type(row).__name__}, not an object"
-                )
-            except json.JSONDecodeError as err:
-                reason = f"invalid JSON ({err.msg} at column {err.colno})"
+            row, reason = _parse_line(raw)
             if reason is None:
                 rows.append((number, row))
             elif strict:
@@ -130,6 +124,20 @@ def read_jsonl_lines(
             else:
                 bad.append((f"line {number}", reason))
     return rows, bad
+
+
+def _parse_line(raw: bytes) -> tuple[dict, None] | tuple[None, str]:
+    """A JSONL line as ``(row, None)``, or ``(None, why not)``: not UTF-8, not JSON, not an
+    object."""
+    try:
+        row = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        return None, f"not UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1})"
+    except json.JSONDecodeError as err:
+        return None, f"invalid JSON ({err.msg} at column {err.colno})"
+    if not isinstance(row, dict):
+        return None, f"a JSON {type(row).__name__}, not an object"
+    return row, None
 
 
 def _resolve_file(url: str, split: str, storage_options: dict) -> tuple[str, str]:

@@ -81,10 +81,27 @@ def _read_file(url: str, options: dict) -> list[dict]:
         return [row for _, row in rows]
     import datasets
 
-    ds = datasets.load_dataset(
-        _FORMATS[ext], data_files=url, split="train", storage_options=copy.deepcopy(options)
-    )
+    try:
+        ds = datasets.load_dataset(
+            _FORMATS[ext], data_files=url, split="train", storage_options=copy.deepcopy(options)
+        )
+    except Exception as err:  # datasets wraps the decoding error in its own
+        where = _first_non_utf8_line(url, options) if ext in (".csv", ".json") else None
+        if where is None:
+            raise
+        raise ValueError(f"{url}: {where}; re-save the file as UTF-8") from err
     return ds.to_list()
+
+
+def _first_non_utf8_line(url: str, options: dict) -> str | None:
+    """``"line 3 is not UTF-8 (byte 0xe9 at byte 12)"`` for a text file's first such line."""
+    with fsspec.open(url, "rb", **copy.deepcopy(options)) as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return f"line {number} is not UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1})"
+    return None
 
 
 def _from_disk(path: str, split: str, options: dict) -> list[dict]:

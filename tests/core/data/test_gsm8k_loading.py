@@ -158,3 +158,15 @@ def test_validate_rows_lists_only_first_few(caplog: pytest.LogCaptureFixture) ->
     assert "row 4:" in message and "row 5:" not in message and "and 5 more" in message
     with pytest.raises(ValueError, match="mem: bad row 9: 'answer' is a int"):
         validate_rows([ROWS[0]] * 9 + [{"question": "Q", "answer": 7}], "mem", strict=True)
+
+
+def test_a_line_of_invalid_utf8_is_skipped_and_named(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(
+        json.dumps(ROWS[0]).encode() + b'\n{"question": "caf\xe9", "answer": "#### 1"}\n'
+    )
+    assert [s["id"] for s in load_gsm8k(str(path), "train")] == ["gsm8k-train-0"]
+    with pytest.raises(
+        ValueError, match=rf"{path}: bad line 2: not UTF-8 \(byte 0xe9 at byte 18\)"
+    ):
+        load_gsm8k(str(path), "train", strict=True)

@@ -150,3 +150,18 @@ def test_a_missing_local_data_path_fails_at_config_time(tmp_path: Path) -> None:
         load_config(QUICKSTART, ["data.source=gsm8k", f"data.gsm8k_path={tmp_path}/nope"])
     hub = load_config(QUICKSTART, ["data.source=dataset", "data.path=openai/gsm8k"])
     assert hub.data.path == "openai/gsm8k"  # a hub id: checked by the loader, not here
+
+
+def test_a_line_of_invalid_utf8_is_named_by_file_and_line(tmp_path: Path) -> None:
+    """It used to abort the load with a bare UnicodeDecodeError naming neither."""
+    path = _jsonl(tmp_path / "d.jsonl", ROWS[:4])
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(
+        b"".join([*lines[:2], b'{"problem": "caf\xe9?", "solution": "1"}\n', *lines[2:]])
+    )
+    rows, _ = load_table(str(path), "train")  # JSONL: the line is skipped, the rest kept
+    assert [r["uid"] for r in rows] == ["p0", "p1", "p2", "p3"]
+    csv = tmp_path / "d.csv"
+    csv.write_bytes(b"problem,solution\nWhat is 1+1?,#### 2\nCaf\xe9?,#### 1\n")
+    with pytest.raises(ValueError, match=rf"{csv}: line 3 is not UTF-8 \(byte 0xe9 at byte 4\)"):
+        load_table(str(csv), "train")
