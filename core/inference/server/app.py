@@ -146,8 +146,8 @@ async def generate(request: web.Request) -> web.Response:
 
 async def chat_completions(request: web.Request) -> web.Response:
     """OpenAI ``POST /v1/chat/completions`` (see :mod:`core.inference.server.chat_endpoint`)."""
-    body = await _parse(request, parse_chat)
     limits = request.app[SETTINGS_KEY].limits
+    body = await _parse(request, lambda raw: parse_chat(raw, limits))
     model = request.app[STATE_KEY]["model_path"]
     return web.json_response(await chat_completion(request.app[ENGINE_KEY], limits, body, model))
 

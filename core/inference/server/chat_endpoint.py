@@ -39,8 +39,9 @@ _IGNORED = {"model", "tool_choice", "parallel_tool_calls", "user", "metadata", "
 _OUR_NAMES = {"max_new_tokens": "max_tokens", "sampling_seed": "seed"}
 
 
-def parse_chat(body: Any) -> dict[str, Any]:
-    """The body as a dict with only known fields, streaming and ``n`` refused."""
+def parse_chat(body: Any, limits: RequestLimits) -> dict[str, Any]:
+    """The body as a dict with only known fields, streaming and ``n`` refused, its size and text
+    checked before anything is rendered or tokenised."""
     if not isinstance(body, dict):
         raise RequestError("body", "must be a JSON object")
     unknown = sorted(set(body) - _USED - _IGNORED)
@@ -55,11 +56,53 @@ def parse_chat(body: Any) -> dict[str, Any]:
         isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
     ):
         raise RequestError("tools", "must be a list of tool objects")
+    _check_size(body, limits)
     try:
         body = {**body, "messages": normalize_messages(body.get("messages"))}
     except ValueError as err:
         raise RequestError("messages", str(err)) from None
     return body
+
+
+def _check_size(body: dict[str, Any], limits: RequestLimits) -> None:
+    """Too many messages, too much text, or a string that is not Unicode (a lone surrogate,
+    which JSON can spell as ``\\ud800``), named by field."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and len(messages) > limits.max_messages:
+        raise RequestError(
+            "messages", f"{len(messages)} messages; this server takes at most {limits.max_messages}"
+        )
+    budget = limits.chat_chars()
+    total = 0
+    for field, text in _strings({"messages": messages, "tools": body.get("tools")}):
+        total += len(text)
+        if total > budget:
+            raise RequestError(
+                field.split("[")[0],
+                f"over {budget} characters of text; this server's context is "
+                f"{limits.context_length or 'unbounded'} tokens",
+            )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise RequestError(
+                field, f"is not valid Unicode (a lone surrogate at {err.start})"
+            ) from None
+
+
+def _strings(value: Any, field: str = "") -> list[tuple[str, str]]:
+    """Every string in a JSON value (dict keys included), with where it is."""
+    if isinstance(value, str):
+        return [(field, value)]
+    if isinstance(value, dict):
+        out = []
+        for key, item in value.items():
+            path = f"{field}.{key}" if field else str(key)
+            out += _strings(str(key), path) + _strings(item, path)
+        return out
+    if isinstance(value, list | tuple):
+        return [s for i, item in enumerate(value) for s in _strings(item, f"{field}[{i}]")]
+    return []
 
 
 async def chat_completion(
@@ -71,6 +114,12 @@ async def chat_completion(
         raise RequestError("model", "this server's model has no tokenizer with a chat template")
     text = render(tokenizer, body["messages"], body.get("tools"))
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if limits.context_length is not None and len(ids) >= limits.context_length:
+        raise RequestError(
+            "messages",
+            f"the rendered conversation is {len(ids)} tokens; this model's context is "
+            f"{limits.context_length}",
+        )
     raw = {"max_new_tokens": body.get("max_completion_tokens") or body.get("max_tokens"),
            "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
            "stop": body.get("stop"), "sampling_seed": body.get("seed"),

@@ -82,6 +82,17 @@ class RequestLimits:
     max_stop_ids: int = 1024
     max_rid_chars: int = 256
     stop_strings: bool = False  # the engine has a tokenizer: stop strings, output text
+    max_messages: int = 4096  # messages in one chat completion
+    # Characters a chat completion's messages and tools may hold, checked before rendering and
+    # tokenising (which would otherwise hold the server for as long as a huge body takes).
+    # None: 32 per token of the context (a token seldom spans more), else 4 million.
+    max_chat_chars: int | None = None
+
+    def chat_chars(self) -> int:
+        """The character limit of a chat completion's messages and tools."""
+        if self.max_chat_chars is not None:
+            return self.max_chat_chars
+        return 32 * self.context_length if self.context_length else 4_000_000
 
     def room(self, n_prompt: int) -> int | None:
         """The most new tokens a prompt of ``n_prompt`` tokens may ask for (None = no limit)."""

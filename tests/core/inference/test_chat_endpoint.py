@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -79,3 +81,39 @@ def test_the_key_is_required(server) -> None:
     client = openai.OpenAI(base_url=f"{server}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}])
+
+
+def _post(server: str, body: dict | bytes) -> httpx.Response:
+    headers = {"Authorization": "Bearer sk-test", "Content-Type": "application/json"}
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(f"{server}/v1/chat/completions", content=raw, headers=headers, timeout=60)
+
+
+def test_large_or_broken_bodies_are_refused_before_tokenising(server) -> None:
+    """A 20 MB message used to take ~1 minute to be refused (and held every other request);
+    50k messages got "max_tokens: 4 is out of range [0, -19998007]"; a lone surrogate a 500."""
+    start = time.monotonic()
+    huge = _post(server, {"messages": [{"role": "user", "content": "x" * 20_000_000}]})
+    assert huge.status_code == 400 and time.monotonic() - start < 15
+    assert huge.json()["error"]["message"].startswith("messages: over ")
+    many = _post(server, {"messages": [{"role": "user", "content": "hi"}] * 50_000})
+    assert many.status_code == 400
+    assert many.json()["error"]["message"] == (
+        "messages: 50000 messages; this server takes at most 4096"
+    )
+    surrogate = b'{"messages": [{"role": "user", "content": "caf\\ud800"}]}'
+    broken = _post(server, surrogate)
+    assert broken.status_code == 400, broken.text
+    assert broken.json()["error"]["message"].startswith(
+        "messages[0].content: is not valid Unicode (a lone surrogate at 3)"
+    )
+
+
+def test_a_conversation_longer_than_the_context_says_so(server, tool_chat_model) -> None:
+    context = json.loads((tool_chat_model / "config.json").read_text())["max_position_embeddings"]
+    words = " ".join(["Q: what is 2+3?"] * context)[: 16 * context]  # under the character limit
+    reply = _post(server, {"messages": [{"role": "user", "content": words}], "max_tokens": 4})
+    assert reply.status_code == 400, reply.text
+    message = reply.json()["error"]["message"]
+    assert message.startswith("messages: the rendered conversation is ")
+    assert message.endswith(f"tokens; this model's context is {context}")
