@@ -190,6 +190,12 @@ def _episode_rows(group: Group) -> list[list[int]]:
     return list(rows.values())
 
 
+_KEPT_KV = (
+    "; expected with rollout.kv_after_update=keep: tokens sampled after an in-flight weight "
+    "update read keys the older weights computed (the behaviour weight corrects for it)"
+)
+
+
 def mismatch_metrics(
     stats: Mapping[str, float],
     groups: Sequence[Group],
@@ -197,11 +203,14 @@ def mismatch_metrics(
     *,
     tolerance: float,
     warn_frac: float | None,
+    kept_kv: bool = False,
 ) -> dict[str, float]:
     """The update's ``mismatch/…`` metrics from the learner's stats (none when the learner could
     not check: see core/training/mismatch.py), with a warning naming the worst token's sample,
     episode and position when more than ``warn_frac`` of the checked tokens is off by more than
-    ``tolerance``."""
+    ``tolerance``. With ``kept_kv`` (``rollout.kv_after_update=keep``) the warning says why a
+    gap is expected there: a token sampled after an in-flight update read keys that the older
+    weights computed, which the learner's recomputation does not."""
     metrics = {
         k: float(v)
         for k, v in stats.items()
@@ -216,10 +225,11 @@ def mismatch_metrics(
     logger.warning(
         "step %d: train/inference mismatch on %.1f%% of %d tokens generated at the learner's "
         "version (|log-prob difference| > %g); worst %.4g at sample %s, episode %d, batch row "
-        "%d, token %d (engine %.4f, learner %.4f, version %d)",
+        "%d, token %d (engine %.4f, learner %.4f, version %d)%s",
         step, 100 * frac, int(metrics["mismatch/tokens"]), tolerance,
         stats["mismatch/worst_abs_diff"], sample, episode, row,
         int(stats["mismatch/worst_position"]), stats["mismatch/worst_engine_logprob"],
         stats["mismatch/worst_learner_logprob"], int(stats["mismatch/worst_version"]),
+        _KEPT_KV if kept_kv else "",
     )  # fmt: skip
     return metrics

@@ -252,7 +252,8 @@ class Trainer:
         metrics.update(agent_metrics(groups))
         learner_cfg = cfg.learner
         metrics.update(mismatch_metrics(stats, groups, step, tolerance=learner_cfg.mismatch_tolerance,
-                                        warn_frac=learner_cfg.mismatch_warn_frac))  # fmt: skip
+                                        warn_frac=learner_cfg.mismatch_warn_frac,
+                                        kept_kv=cfg.rollout.kv_after_update == "keep"))  # fmt: skip
         if ref is not None:  # the KL that the reward paid, per token, against the reference
             kl = kl_penalty(batch.behaviour_logprobs, ref, algo.kl_estimator)
             metrics["reward/kl_in_reward"] = float(masked_mean(kl, batch.loss_mask))

@@ -214,7 +214,11 @@ def test_a_mismatched_step_warns_with_the_worst_sample(caplog) -> None:
     assert not any(k.startswith("mismatch/worst_") for k in metrics)
     (record,) = caplog.records
     assert "step 7" in record.message and "sample sample-b, episode 1" in record.message
-    assert "batch row 3, token 2" in record.message
+    assert "batch row 3, token 2" in record.message and "expected" not in record.message
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        mismatch_metrics(stats, groups, 7, tolerance=1e-3, warn_frac=0.1, kept_kv=True)
+    assert "expected with rollout.kv_after_update=keep" in caplog.records[0].message
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         mismatch_metrics(stats, groups, 7, tolerance=1e-3, warn_frac=0.2)  # 1 of 8 = 0.125
