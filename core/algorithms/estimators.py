@@ -31,7 +31,7 @@ from core.algorithms.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
-from core.plugins import load_object
+from core.plugins import Registry
 
 if TYPE_CHECKING:
     from core.algorithms.config import AlgorithmConfig
@@ -69,7 +69,11 @@ class Estimator:
     critic: bool  # needs critic values: needs use_critic=true (and only it uses them)
 
 
-ESTIMATORS: dict[str, Estimator] = {}
+REGISTRY: Registry[Estimator] = Registry(
+    kind="advantage estimator", field="adv_estimator", decorator="@advantage_estimator",
+    attr="estimator",
+)  # fmt: skip
+ESTIMATORS = REGISTRY.entries
 
 
 def advantage_estimator(
@@ -78,34 +82,16 @@ def advantage_estimator(
     """Register ``fn`` as the estimator ``name`` (a second function under a taken name fails)."""
 
     def register(fn: Callable[[AdvantageInputs], Estimate]) -> Callable[..., Estimate]:
-        taken = ESTIMATORS.get(name)
-        if taken is not None and _where(taken.fn) != _where(fn):
-            raise ValueError(f"advantage estimator {name!r} is already {_where(taken.fn)}")
-        ESTIMATORS[name] = Estimator(name, fn, groups=groups, critic=critic)
-        fn.estimator = ESTIMATORS[name]  # type: ignore[attr-defined]  # found by import path
+        REGISTRY.add(Estimator(name, fn, groups=groups, critic=critic))
         return fn
 
     return register
 
 
-def _where(fn: Callable[..., object]) -> str:
-    return f"{fn.__module__}:{fn.__qualname__}"
-
-
 def resolve_estimator(name: str) -> Estimator:
     """The estimator ``name`` names: a registered name or a ``module:function`` path to a
     function decorated with :func:`advantage_estimator`. ValueError naming it otherwise."""
-    if name in ESTIMATORS:
-        return ESTIMATORS[name]
-    if ":" not in str(name):
-        raise ValueError(
-            f"adv_estimator={name!r} is not one of {tuple(ESTIMATORS)} "
-            "(or a 'module:function' path to an @advantage_estimator)"
-        )
-    estimator = getattr(load_object(name, "adv_estimator"), "estimator", None)
-    if not isinstance(estimator, Estimator):
-        raise ValueError(f"adv_estimator={name!r} is not decorated with @advantage_estimator")
-    return estimator
+    return REGISTRY.resolve(name)
 
 
 @advantage_estimator("grpo", groups=True)

@@ -25,7 +25,7 @@ from core.data.code_synthetic import generate_code_splits
 from core.data.gsm8k import load_gsm8k
 from core.data.synthetic import generate_splits
 from core.data.tabular import Columns, load_table, remove_test_questions, split_by_ratio, to_samples
-from core.plugins import load_object
+from core.plugins import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -54,41 +54,26 @@ class DataSource:
     generated: bool  # makes its problems from the seed: needs data.n_test > 0
 
 
-SOURCES: dict[str, DataSource] = {}
+REGISTRY: Registry[DataSource] = Registry(
+    kind="data source", field="data.source", decorator="@data_source", attr="data_source"
+)
+SOURCES = REGISTRY.entries
 
 
 def data_source(name: str, *, generated: bool = False) -> Callable[[SourceFn], SourceFn]:
     """Register ``fn`` as the data source ``name`` (a second function under a taken name fails)."""
 
     def register(fn: SourceFn) -> SourceFn:
-        taken = SOURCES.get(name)
-        if taken is not None and _where(taken.fn) != _where(fn):
-            raise ValueError(f"data source {name!r} is already {_where(taken.fn)}")
-        SOURCES[name] = DataSource(name, fn, generated=generated)
-        fn.data_source = SOURCES[name]  # type: ignore[attr-defined]  # found by import path
+        REGISTRY.add(DataSource(name, fn, generated=generated))
         return fn
 
     return register
 
 
-def _where(fn: Callable[..., object]) -> str:
-    return f"{fn.__module__}:{fn.__qualname__}"
-
-
 def resolve_source(name: str) -> DataSource:
     """The source ``name`` names: a registered name or a ``module:function`` path to a function
     decorated with :func:`data_source`. ValueError naming ``data.source`` otherwise."""
-    if name in SOURCES:
-        return SOURCES[name]
-    if ":" not in str(name):
-        raise ValueError(
-            f"data.source={name!r} is not one of {list(SOURCES)} "
-            "(or a 'module:function' path to a @data_source)"
-        )
-    source = getattr(load_object(name, "data.source"), "data_source", None)
-    if not isinstance(source, DataSource):
-        raise ValueError(f"data.source={name!r} is not decorated with @data_source")
-    return source
+    return REGISTRY.resolve(name)
 
 
 @data_source("synthetic", generated=True)

@@ -103,7 +103,7 @@ def test_a_registered_name_works_once_its_module_is_imported(user_module: str) -
 @pytest.mark.parametrize(
     ("name", "message"),
     [
-        ("grop", r"adv_estimator='grop' is not one of \('grpo', 'rloo'"),
+        ("grop", r"adv_estimator='grop' is not one of \['grpo', 'rloo'"),
         ("my_estimators:not_an_estimator", "is not decorated with @advantage_estimator"),
         ("my_estimators:nothing_here", "has no attribute 'nothing_here'"),
         ("no_such_module:fn", "cannot import module 'no_such_module'"),
