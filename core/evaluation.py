@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,6 +24,8 @@ from core.config import Config
 from core.inference.api import InferenceEngine
 from core.rewards.registry import CompletionMetric, completion_metrics
 from core.rollout.api import Workflow, derive_seed, episode_rows
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -36,6 +39,7 @@ class EvalResult:
     metrics: dict[str, float] = field(default_factory=dict)
     sampled: dict[str, float] = field(default_factory=dict)  # pass_at_1, pass_at_n, mean_at_n
     examples: list[dict[str, Any]] = field(default_factory=list)
+    timed_out: int = 0  # episodes cancelled at the time limit (scored 0), greedy and sampled
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,6 +67,7 @@ def eval_settings(config: Config) -> dict[str, Any]:
         "n_samples": e.n_samples,
         "temperature": e.temperature,
         "seed": config.experiment.seed,
+        "episode_timeout_s": e.episode_timeout_s,
     }
 
 
@@ -79,9 +84,11 @@ async def evaluate_workflow(
     seed: int = 0,
     n_examples: int = 3,
     on_sample: Callable[[int], None] | None = None,
+    episode_timeout_s: float | None = None,
 ) -> EvalResult:
     """Greedy episodes of ``workflow`` on ``samples`` (dicts with ``question`` and ``answer``),
-    and ``n_samples`` sampled ones per sample at ``temperature`` (a reward > 0.5 passes)."""
+    and ``n_samples`` sampled ones per sample at ``temperature`` (a reward > 0.5 passes). An
+    episode running past ``episode_timeout_s`` is cancelled and scores 0 (``timed_out``)."""
     if not samples:
         raise ValueError(
             "evaluation needs at least one held-out sample (eval.n_problems / data.n_test)"
@@ -93,10 +100,20 @@ async def evaluate_workflow(
     slots = asyncio.Semaphore(max_concurrent)
 
     tool_calls: list[int] = []  # per episode, where the workflow counts them (agents)
+    timed_out = [0]
+
+    async def run(flow: Workflow, sample: dict[str, Any]) -> list | None:
+        """The episode's rows; None when it was rejected or ran out of time."""
+        try:
+            episode = await asyncio.wait_for(flow.run_episode(engine, sample), episode_timeout_s)
+        except TimeoutError:
+            timed_out[0] += 1
+            return None
+        return episode_rows(episode)
 
     async def one(sample: dict[str, Any]) -> tuple[float, str, int]:
         async with slots:
-            rows = episode_rows(await greedy.run_episode(engine, sample))
+            rows = await run(greedy, sample)
         if on_sample is not None:
             on_sample(1)
         if rows is None:  # a rejected episode scores nothing
@@ -111,7 +128,13 @@ async def evaluate_workflow(
     if n_samples > 0:
         drawn = copy.copy(greedy)
         drawn.sampling = dataclasses.replace(greedy.sampling, temperature=temperature)
-        sampled = await _sampled_scores(engine, drawn, samples, n_samples, seed, slots)
+        sampled = await _sampled_scores(lambda sample: run(drawn, sample), samples, n_samples,
+                                        seed, slots)  # fmt: skip
+    if timed_out[0]:
+        logger.warning(
+            "evaluation: %d episode(s) ran past eval.episode_timeout_s=%s, cancelled and scored 0",
+            timed_out[0], episode_timeout_s,
+        )  # fmt: skip
     n = len(results)
     accuracy = sum(reward for reward, _, _ in results) / n
     return EvalResult(
@@ -132,12 +155,12 @@ async def evaluate_workflow(
             {"question": s["question"], "completion": text, "reference": s["answer"], "reward": r}
             for s, (r, text, _) in list(zip(samples, results, strict=True))[:n_examples]
         ],
+        timed_out=timed_out[0],
     )
 
 
 async def _sampled_scores(
-    engine: InferenceEngine,
-    workflow: Workflow,
+    run: Callable[[dict[str, Any]], Awaitable[list | None]],
     samples: Sequence[dict[str, Any]],
     n: int,
     seed: int,
@@ -148,7 +171,7 @@ async def _sampled_scores(
     async def reward(index: int, sample: dict[str, Any], i: int) -> float:
         async with slots:
             seeded = {**sample, "seed": derive_seed(seed, "eval", index, i)}
-            rows = episode_rows(await workflow.run_episode(engine, seeded))
+            rows = await run(seeded)
         return 0.0 if rows is None else rows[0].reward
 
     rewards = await asyncio.gather(

@@ -511,6 +511,12 @@ class EvalConfig:
     temperature: float = documented(
         1.0, "Sampling temperature of those answers (plain sampling: no top-p/top-k)."
     )
+    episode_timeout_s: float = documented(
+        600.0,
+        "An eval episode still running after this many seconds (a tool that hangs) is cancelled, "
+        "scores 0 and is counted (eval/timed_out): an evaluation never waits forever.",
+        gt=0,
+    )
 
 
 @dataclass

@@ -340,6 +340,7 @@ class Trainer:
         extra = {**result["metrics"], **result["sampled"]}  # the task's own; pass@k, mean@k
         metrics = {
             "eval/accuracy": result["accuracy"],
+            "eval/timed_out": result["timed_out"],
             **{f"eval/{k}": v for k, v in extra.items()},
         }
         self.sink.log_metrics(metrics, version)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from math import comb
 from pathlib import Path
 
 import pytest
 
 from core.config import load_config
-from core.evaluation import pass_at_k
+from core.evaluation import evaluate_workflow, pass_at_k
+from core.inference.api import SamplingParams
+from core.rollout.api import Trajectory
 from core.runtime.stages import build_or_load_model, evaluate_model, prepare_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,3 +69,32 @@ def test_sampling_needs_a_temperature() -> None:
         load_config(QUICKSTART, ["eval.n_samples=4", "eval.temperature=0"])
     with pytest.raises(ConfigError, match="eval.n_samples must be >= 0"):
         load_config(QUICKSTART, ["eval.n_samples=-1"])
+
+
+class _HangsOnSome:
+    """A workflow whose episode never returns on every fourth question (a tool that hangs)."""
+
+    sampling = SamplingParams(max_new_tokens=4)
+
+    async def run_episode(self, engine, sample: dict) -> Trajectory:
+        if int(sample["question"]) % 4 == 0:
+            await asyncio.Event().wait()  # never set
+        reward = 1.0 if sample["answer"] == "yes" else 0.0
+        return Trajectory(input_ids=[1, 2], loss_mask=[0, 1], logprobs=[0.0, -0.1],
+                          versions=[-1, 0], reward=reward, prompt_len=1)  # fmt: skip
+
+
+def test_an_episode_that_never_returns_is_cut_off_and_counted(caplog) -> None:
+    """It used to hang the run's first evaluation with no message (issue 36)."""
+    samples = [{"question": str(i), "answer": "yes"} for i in range(8)]
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="core.evaluation"):
+        result = asyncio.run(evaluate_workflow(
+            None, _HangsOnSome(), samples, max_new_tokens=4, max_concurrent=8, n_samples=2,
+            episode_timeout_s=0.5,
+        ))  # fmt: skip
+    assert time.monotonic() - started < 10
+    assert result.timed_out == 2 + 2 * 2  # questions 0 and 4: greedy, and each of 2 samples
+    assert result.accuracy == pytest.approx(6 / 8)  # a timed-out episode scores 0
+    assert result.sampled["mean_at_2"] == pytest.approx(6 / 8)
+    assert "6 episode(s) ran past eval.episode_timeout_s=0.5" in caplog.text
