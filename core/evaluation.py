@@ -100,14 +100,15 @@ async def evaluate_workflow(
     slots = asyncio.Semaphore(max_concurrent)
 
     tool_calls: list[int] = []  # per episode, where the workflow counts them (agents)
-    timed_out = [0]
+    timed_out = 0
 
     async def run(flow: Workflow, sample: dict[str, Any]) -> list | None:
         """The episode's rows; None when it was rejected or ran out of time."""
+        nonlocal timed_out
         try:
             episode = await asyncio.wait_for(flow.run_episode(engine, sample), episode_timeout_s)
         except TimeoutError:
-            timed_out[0] += 1
+            timed_out += 1
             return None
         return episode_rows(episode)
 
@@ -130,10 +131,10 @@ async def evaluate_workflow(
         drawn.sampling = dataclasses.replace(greedy.sampling, temperature=temperature)
         sampled = await _sampled_scores(lambda sample: run(drawn, sample), samples, n_samples,
                                         seed, slots)  # fmt: skip
-    if timed_out[0]:
+    if timed_out:
         logger.warning(
             "evaluation: %d episode(s) ran past eval.episode_timeout_s=%s, cancelled and scored 0",
-            timed_out[0], episode_timeout_s,
+            timed_out, episode_timeout_s,
         )  # fmt: skip
     n = len(results)
     accuracy = sum(reward for reward, _, _ in results) / n
@@ -155,7 +156,7 @@ async def evaluate_workflow(
             {"question": s["question"], "completion": text, "reference": s["answer"], "reward": r}
             for s, (r, text, _) in list(zip(samples, results, strict=True))[:n_examples]
         ],
-        timed_out=timed_out[0],
+        timed_out=timed_out,
     )
 
 

@@ -126,13 +126,23 @@ def read_jsonl_lines(
     return rows, bad
 
 
+def utf8_problem(raw: bytes) -> str | None:
+    """``"not UTF-8 (byte 0xe9 at byte 12)"`` for a line that does not decode, else None."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return f"not UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1})"
+    return None
+
+
 def _parse_line(raw: bytes) -> tuple[dict, None] | tuple[None, str]:
     """A JSONL line as ``(row, None)``, or ``(None, why not)``: not UTF-8, not JSON, not an
     object."""
+    problem = utf8_problem(raw)
+    if problem is not None:
+        return None, problem
     try:
         row = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        return None, f"not UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1})"
     except json.JSONDecodeError as err:
         return None, f"invalid JSON ({err.msg} at column {err.colno})"
     if not isinstance(row, dict):

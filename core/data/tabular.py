@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import fsspec
 
-from core.data.gsm8k import read_jsonl_lines
+from core.data.gsm8k import read_jsonl_lines, utf8_problem
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +97,9 @@ def _first_non_utf8_line(url: str, options: dict) -> str | None:
     """``"line 3 is not UTF-8 (byte 0xe9 at byte 12)"`` for a text file's first such line."""
     with fsspec.open(url, "rb", **copy.deepcopy(options)) as f:
         for number, raw in enumerate(f, start=1):
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                return f"line {number} is not UTF-8 (byte 0x{raw[err.start]:02x} at byte {err.start + 1})"
+            problem = utf8_problem(raw)
+            if problem is not None:
+                return f"line {number} is {problem}"
     return None
 
 

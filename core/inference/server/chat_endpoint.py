@@ -15,6 +15,7 @@ token. Needs a server whose model folder has a tokenizer with a chat template.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from core.inference.api import GenerationRequest
@@ -90,19 +91,19 @@ def _check_size(body: dict[str, Any], limits: RequestLimits) -> None:
             ) from None
 
 
-def _strings(value: Any, field: str = "") -> list[tuple[str, str]]:
-    """Every string in a JSON value (dict keys included), with where it is."""
+def _strings(value: Any, field: str = "") -> Iterator[tuple[str, str]]:
+    """Every string in a JSON value (dict keys included), with where it is, in order (the size
+    check stops at the first string over the budget)."""
     if isinstance(value, str):
-        return [(field, value)]
-    if isinstance(value, dict):
-        out = []
+        yield field, value
+    elif isinstance(value, dict):
         for key, item in value.items():
             path = f"{field}.{key}" if field else str(key)
-            out += _strings(str(key), path) + _strings(item, path)
-        return out
-    if isinstance(value, list | tuple):
-        return [s for i, item in enumerate(value) for s in _strings(item, f"{field}[{i}]")]
-    return []
+            yield path, str(key)
+            yield from _strings(item, path)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{field}[{i}]")
 
 
 async def chat_completion(
