@@ -5,9 +5,12 @@ they are staged in a local cache folder and uploaded with :func:`upload_dir`.
 
 No call waits forever: object-store clients get connect and read timeouts (defaults for every
 s3 filesystem fsspec builds, DCP's included; explicit ``storage_options`` win), and the calls
-here retry transient errors a bounded number of times with a log line per retry. Environment:
-``ASYNCRL_STORAGE_CONNECT_TIMEOUT_S`` (10), ``ASYNCRL_STORAGE_READ_TIMEOUT_S`` (30),
-``ASYNCRL_STORAGE_ATTEMPTS`` (3). s3fs also retries a timed-out request itself (5 tries).
+here retry transient errors a bounded number of times with a log line per retry naming the
+call. Environment: ``ASYNCRL_STORAGE_CONNECT_TIMEOUT_S`` (10), ``ASYNCRL_STORAGE_READ_TIMEOUT_S``
+(20), ``ASYNCRL_STORAGE_ATTEMPTS`` (3): an endpoint that accepts connections and never answers
+fails a call after about a minute (3 x 20 s), with the URL in the error. The filesystems these
+calls use send each request once (s3fs's own silent five tries are turned off for them, botocore's
+too): the only retries are the logged ones, and each opens one connection.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 from tenacity import (
+    RetryCallState,
     before_sleep_log,
     retry,
     retry_if_exception,
@@ -34,7 +38,7 @@ from tenacity import (
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = float(os.environ.get("ASYNCRL_STORAGE_CONNECT_TIMEOUT_S", "10"))
-READ_TIMEOUT_S = float(os.environ.get("ASYNCRL_STORAGE_READ_TIMEOUT_S", "30"))
+READ_TIMEOUT_S = float(os.environ.get("ASYNCRL_STORAGE_READ_TIMEOUT_S", "20"))
 ATTEMPTS = int(os.environ.get("ASYNCRL_STORAGE_ATTEMPTS", "3"))
 
 # botocore's own retries off: s3fs already retries a request, a third layer would multiply waits.
@@ -52,14 +56,43 @@ def _transient(error: BaseException) -> bool:
     return isinstance(error, OSError) and not isinstance(error, _PERMANENT)
 
 
+class StorageUnavailableError(OSError):
+    """A storage call failed on every attempt with transient errors (timeouts, resets)."""
+
+
+def _give_up(state: RetryCallState) -> None:
+    """After the last attempt: an error naming the call, its URL and the attempts made."""
+    error = state.outcome.exception() if state.outcome is not None else None
+    name = getattr(state.fn, "__name__", "a storage call")
+    # the URL: the call's first string argument, else its object's ``url`` (a method's self)
+    strings = [a for a in state.args if isinstance(a, str)]
+    target = strings[0] if strings else getattr(next(iter(state.args), None), "url", "")
+    raise StorageUnavailableError(
+        f"storage unreachable: {name}({target!r}) failed {state.attempt_number} times in "
+        f"{state.seconds_since_start:.0f} s (ASYNCRL_STORAGE_ATTEMPTS={ATTEMPTS}, each read "
+        f"timeout {READ_TIMEOUT_S:g} s, ASYNCRL_STORAGE_READ_TIMEOUT_S); last error: {error}"
+    ) from error
+
+
 storage_retry = retry(
     retry=retry_if_exception(_transient),
     stop=stop_after_attempt(max(1, ATTEMPTS)),
     wait=wait_exponential(multiplier=0.5, max=8),
     before_sleep=before_sleep_log(logger, logging.WARNING),
-    reraise=True,
+    retry_error_callback=_give_up,
 )
-"""Retry a storage call on transient errors (timeouts, dropped connections), logging each."""
+"""Retry a storage call on transient errors (timeouts, dropped connections), logging each; then
+:class:`StorageUnavailableError` naming the call and its URL. Errors about the object itself
+(not found, permission) are raised at once."""
+
+
+def filesystem(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem and path of ``url`` (fsspec's cached instance, so connections are pooled),
+    sending each request once: its retries are :data:`storage_retry`'s, which are logged."""
+    fs, path = url_to_fs(url)
+    if getattr(fs, "retries", 1) != 1:  # s3fs: tries per request (5, at debug level)
+        fs.retries = 1
+    return fs, path
 
 
 def is_local(url: str) -> bool:
@@ -94,7 +127,7 @@ def write_text(url: str, text: str) -> None:
         finally:
             partial.unlink(missing_ok=True)
         return
-    fs, path = url_to_fs(url)
+    fs, path = filesystem(url)
     parent = path.rsplit("/", 1)[0]
     if parent:
         fs.makedirs(parent, exist_ok=True)
@@ -104,8 +137,25 @@ def write_text(url: str, text: str) -> None:
 
 @storage_retry
 def read_text(url: str) -> str:
-    with fsspec.open(url, "r") as f:
+    """The text at ``url``, read afresh (not from a listing cached by an earlier call)."""
+    fs, path = filesystem(url)
+    fs.invalidate_cache(path)
+    with fs.open(path, "r") as f:
         return f.read()
+
+
+@storage_retry
+def makedirs(url: str) -> None:
+    """Create the folder at ``url`` and its parents (object stores: nothing to do, usually)."""
+    fs, path = filesystem(url)
+    fs.makedirs(path, exist_ok=True)
+
+
+@storage_retry
+def remove_file(url: str) -> None:
+    """Delete the file at ``url``; FileNotFoundError if there is none."""
+    fs, path = filesystem(url)
+    fs.rm(path)
 
 
 def write_json(url: str, data: Any) -> None:
@@ -122,7 +172,7 @@ def read_jsonl(url: str) -> list[dict]:
 
 @storage_retry
 def exists(url: str) -> bool:
-    fs, path = url_to_fs(url)
+    fs, path = filesystem(url)
     return fs.exists(path)
 
 
@@ -135,7 +185,7 @@ def fetch_dir(source: str) -> str:
 @storage_retry
 def remove_dir(url: str) -> None:
     """Delete the folder at ``url`` and everything under it, if it exists."""
-    fs, path = url_to_fs(url)
+    fs, path = filesystem(url)
     if fs.exists(path):
         fs.rm(path, recursive=True)
 
@@ -145,7 +195,7 @@ def upload_dir(local: str | Path, url: str) -> None:
     """Copy a local folder's files to ``url`` (no-op when ``url`` is that folder)."""
     if is_local(url) and Path(local).resolve() == local_path(url).resolve():
         return
-    fs, path = url_to_fs(url)
+    fs, path = filesystem(url)
     fs.makedirs(path, exist_ok=True)
     for file in sorted(Path(local).rglob("*")):
         if file.is_file():
@@ -157,7 +207,7 @@ def upload_file(local: str | Path, url: str) -> None:
     """Copy one local file to ``url`` (no-op when ``url`` is that file)."""
     if is_local(url) and Path(local).resolve() == local_path(url).resolve():
         return
-    fs, path = url_to_fs(url)
+    fs, path = filesystem(url)
     parent = path.rsplit("/", 1)[0]
     if parent:
         fs.makedirs(parent, exist_ok=True)
@@ -167,7 +217,7 @@ def upload_file(local: str | Path, url: str) -> None:
 @storage_retry
 def download_file(url: str, local: str | Path) -> Path:
     """Copy one file at ``url`` to the local path ``local``; returns it."""
-    fs, path = url_to_fs(url)
+    fs, path = filesystem(url)
     Path(local).parent.mkdir(parents=True, exist_ok=True)
     fs.get_file(path, str(local))
     return Path(local)
@@ -182,7 +232,7 @@ def download_dir(url: str, local: str | Path | None = None) -> Path:
     target = Path(local) if local is not None else local_path(url)
     if is_local(url) and target.resolve() == local_path(url).resolve():
         return target
-    fs, path = url_to_fs(url)
+    fs, path = filesystem(url)
     target.mkdir(parents=True, exist_ok=True)
     fs.get(path.rstrip("/") + "/", str(target) + "/", recursive=True)
     return target

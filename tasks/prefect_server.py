@@ -8,16 +8,23 @@ that was gone. :func:`temporary_prefect_server` starts that same server in a ses
 so only this process stops it, after the flow call has unwound (Prefect has set the run's final
 state) and its log and event queues are drained. On Linux the server gets SIGTERM when the
 process that started it dies, even by ``kill -9``, so it never outlives the job.
+
+Each temporary server migrates the database under ``PREFECT_HOME`` as it starts. Jobs started
+at once on a fresh home raced in that migration (alembic's "expected to match one row" traceback,
+then a recovery an operator takes for a failure), so start-ups on one home take turns: a file
+lock in that folder is held until the server answers, by when its migration is done.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from prefect.server.api.server import SubprocessASGIServer
@@ -78,12 +85,29 @@ def temporary_prefect_server() -> Iterator[str | None]:
     SubprocessASGIServer._instances.pop(None, None)  # a stopped one: replaced by ours
     server = _OwnSessionServer()  # registered under port None, where Prefect looks for it
     try:
-        server.start()
+        with _start_turn():
+            server.start()
         yield server.api_url
     finally:
         if server.running:
             _drain_prefect_queues()
         server.stop()
+
+
+@contextmanager
+def _start_turn() -> Iterator[None]:
+    """Hold ``PREFECT_HOME``'s start-up lock: one temporary server migrates its database at a
+    time (the lock is the kernel's, released if this process dies)."""
+    from prefect.settings import get_current_settings
+
+    home = Path(get_current_settings().home)
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".asyncrl-server-start.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _drain_prefect_queues() -> None:

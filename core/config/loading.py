@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsspec.core import url_to_fs
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -40,6 +39,7 @@ from core.data.templates import template_problems
 from core.rewards.registry import resolve_reward
 from core.rollout.api import workflow_class
 from core.schema import bound_problems
+from core.storage import filesystem, storage_retry
 
 logger = logging.getLogger(__name__)
 
@@ -344,9 +344,10 @@ def stamp_trial(config: Config) -> Config:
     return config
 
 
+@storage_retry
 def run_trials(fileroot: str, experiment: str) -> list[str]:
     """The run folders (those with a ``config.yaml``) under ``{fileroot}/{experiment}``, sorted."""
-    fs, path = url_to_fs(f"{fileroot.rstrip('/')}/{experiment}")
+    fs, path = filesystem(f"{fileroot.rstrip('/')}/{experiment}")
     if not fs.isdir(path):
         return []
     return sorted(

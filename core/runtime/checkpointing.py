@@ -20,7 +20,7 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
-from core.storage import join, storage_retry
+from core.storage import filesystem, join, storage_retry
 from core.training import checkpoint_problems, hf_folder_problems
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class CheckpointManager:
             raise ValueError(f"checkpoint.keep_last must be >= 1, got {keep_last}")
         self.url = url.rstrip("/")
         self.keep_last = keep_last
-        self.fs, self.root = url_to_fs(self.url)
+        self.fs, self.root = filesystem(self.url)
 
     def path(self, step: int) -> str:
         return join(self.url, f"step-{step:06d}")

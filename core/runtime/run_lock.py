@@ -12,6 +12,9 @@ A local lock is created atomically (``O_EXCL``). Object stores have no create-if
 for them the job writes its record and reads it back after a short settle: of two jobs starting
 in the same second the later writer wins and the other fails, which is as good as it gets
 without conditional writes.
+
+Every read, write and delete of the lock goes through :mod:`core.storage`: bounded, logged
+retries and timeouts, so a silent object store fails the job's start with the URL named.
 """
 
 from __future__ import annotations
@@ -27,10 +30,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from fsspec.core import url_to_fs
-
 from core.config import Config
-from core.storage import is_local, join, write_text
+from core.storage import filesystem, is_local, join, makedirs, read_text, remove_file, write_text
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class RunLock:
 
     def __post_init__(self) -> None:
         self.url = join(self.run_dir, LOCK_NAME)
-        self.fs, self.path = url_to_fs(self.url)
+        self.fs, self.path = filesystem(self.url)
         self.token = uuid.uuid4().hex
         self.record: dict[str, Any] = {}
         self._stop = threading.Event()
@@ -79,14 +80,15 @@ class RunLock:
 
     # ------------------------------------------------------------------ acquire / release
     def acquire(self) -> None:
-        self.fs.makedirs(self.path.rsplit("/", 1)[0], exist_ok=True)
+        if is_local(self.url):  # an object store has no folders to make
+            makedirs(self.url.rsplit("/", 1)[0])
         current = self.read()
         if current is not None:
             why = self.stale_reason(current)
             if why is None:
                 raise RunLockedError(self._owned_message(current))
             logger.warning("taking over the lock of %s: %s", self.run_dir, why)
-            self.fs.rm(self.path)
+            remove_file(self.url)
         pid = os.getpid()
         now = time.time()
         self.record = {
@@ -109,7 +111,7 @@ class RunLock:
             self._thread.join(timeout=5)
         current = self.read()
         if current is not None and current.get("token") == self.token:
-            self.fs.rm(self.path)
+            remove_file(self.url)
 
     def __enter__(self) -> RunLock:
         self.acquire()
@@ -147,9 +149,7 @@ class RunLock:
     def read(self) -> dict[str, Any] | None:
         """The lock's record, or None when the folder is not locked."""
         try:
-            self.fs.invalidate_cache(self.path)
-            with self.fs.open(self.path, "r") as f:
-                return json.loads(f.read())
+            return json.loads(read_text(self.url))
         except FileNotFoundError:
             return None
         except (json.JSONDecodeError, UnicodeDecodeError):  # not ours to judge: age by mtime

@@ -14,12 +14,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from fsspec.core import url_to_fs
-
 from core.config.loading import run_trials
 from core.runtime.checkpointing import CheckpointManager
 from core.runtime.run_lock import RunLock
-from core.storage import join, read_jsonl, read_text
+from core.storage import filesystem, join, read_jsonl, read_text, storage_retry
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +38,17 @@ class RunInfo:
     prefect_flow_run: str | None
 
 
-def list_runs(fileroot: str, experiment: str | None = None) -> list[RunInfo]:
-    """Every run folder under ``fileroot`` (or one experiment's), newest trial last."""
-    fs, root = url_to_fs(fileroot)
+@storage_retry
+def _experiments(fileroot: str) -> list[str]:
+    fs, root = filesystem(fileroot)
     if not fs.isdir(root.rstrip("/")):
         return []
-    names = [e.rstrip("/").rsplit("/", 1)[-1] for e in sorted(fs.ls(root, detail=False))]
+    return [e.rstrip("/").rsplit("/", 1)[-1] for e in sorted(fs.ls(root, detail=False))]
+
+
+def list_runs(fileroot: str, experiment: str | None = None) -> list[RunInfo]:
+    """Every run folder under ``fileroot`` (or one experiment's), newest trial last."""
+    names = _experiments(fileroot)
     return [
         describe_run(join(fileroot, name, trial), name, trial)
         for name in names

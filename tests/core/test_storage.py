@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,14 @@ import pytest
 from core.storage import read_text, storage_retry, write_text
 
 
+@dataclass
+class SilentEndpoint:
+    url: str
+    held: list[socket.socket]  # every connection accepted so far
+
+
 @pytest.fixture
-def silent_endpoint() -> Iterator[str]:
+def silent_endpoint() -> Iterator[SilentEndpoint]:
     """A TCP server on 127.0.0.1 that accepts every connection and never sends a byte."""
     server = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
@@ -35,7 +42,7 @@ def silent_endpoint() -> Iterator[str]:
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    yield SilentEndpoint(f"http://127.0.0.1:{server.getsockname()[1]}", held)
     stop.set()
     thread.join()
     for conn in held:
@@ -43,34 +50,58 @@ def silent_endpoint() -> Iterator[str]:
     server.close()
 
 
-@pytest.mark.integration
-def test_a_silent_object_store_fails_with_logged_retries(silent_endpoint: str) -> None:
+def _against(endpoint: SilentEndpoint, script: str) -> tuple[subprocess.CompletedProcess, float]:
+    """Run ``script`` with s3:// pointed at ``endpoint`` and short storage timeouts."""
     env = {
         **os.environ,
-        "AWS_ENDPOINT_URL": silent_endpoint,
+        "AWS_ENDPOINT_URL": endpoint.url,
         "AWS_ACCESS_KEY_ID": "k",
         "AWS_SECRET_ACCESS_KEY": "s",
         "AWS_DEFAULT_REGION": "us-east-1",
         "ASYNCRL_STORAGE_CONNECT_TIMEOUT_S": "0.5",
         "ASYNCRL_STORAGE_READ_TIMEOUT_S": "0.5",
-        "ASYNCRL_STORAGE_ATTEMPTS": "2",
+        "ASYNCRL_STORAGE_ATTEMPTS": "3",
     }
-    script = (
-        "import logging; logging.basicConfig(level=logging.WARNING)\n"
-        "from core.storage import read_text\n"
-        "read_text('s3://bucket/run/summary.json')\n"
-    )
+    prelude = "import logging; logging.basicConfig(level=logging.WARNING)\n"
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", prelude + script],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return done, time.monotonic() - started
+
+
+@pytest.mark.integration
+def test_a_silent_object_store_fails_with_logged_retries(silent_endpoint: SilentEndpoint) -> None:
+    done, elapsed = _against(
+        silent_endpoint, "from core.storage import read_text\nread_text('s3://bucket/run/x.json')"
     )
-    elapsed = time.monotonic() - started
     assert done.returncode != 0
-    # one retry logged (2 attempts), then the timeout naming the URL
-    assert done.stderr.count("Retrying core.storage.read_text") == 1, done.stderr[-2000:]
+    # two retries logged (3 attempts), then the timeout naming the URL
+    assert done.stderr.count("Retrying core.storage.read_text") == 2, done.stderr[-2000:]
+    assert "storage unreachable: read_text('s3://bucket/run/x.json') failed 3 times" in done.stderr
     assert "Read timeout on endpoint URL" in done.stderr
-    assert "bucket/run/summary.json" in done.stderr
-    assert elapsed < 60  # s3fs's own 5 tries x 0.5 s per attempt, plus start-up
+    # s3fs's own silent tries are off: an attempt sends its requests once (s3fs's HEAD, then a
+    # listing when that fails), each on one connection; 61 were opened with s3fs's five tries
+    assert len(silent_endpoint.held) <= 2 * 3
+    assert elapsed < 30
+
+
+@pytest.mark.integration
+def test_the_run_lock_on_a_silent_object_store_fails_with_logged_retries(
+    silent_endpoint: SilentEndpoint,
+) -> None:
+    """Taking the run folder's lock was the silent 15-minute hang: it now goes through the same
+    bounded retries as every storage call and fails naming the lock's URL."""
+    done, elapsed = _against(
+        silent_endpoint,
+        "from core.runtime.run_lock import RunLock\nRunLock('s3://bucket/runs/a').acquire()",
+    )
+    assert done.returncode != 0
+    assert done.stderr.count("Retrying core.storage.") == 2, done.stderr[-2000:]
+    assert "storage unreachable: read_text('s3://bucket/runs/a/LOCK') failed 3 times" in done.stderr
+    assert len(silent_endpoint.held) <= 6  # one connection per request sent
+    assert elapsed < 30
 
 
 def test_errors_about_the_object_are_not_retried(

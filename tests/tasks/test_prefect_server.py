@@ -59,3 +59,31 @@ def test_the_server_is_prefects_own_outside_the_job_group_and_dies_with_its_owne
         if owner.poll() is None:
             owner.kill()
             owner.wait()
+
+
+STARTER = """
+import logging
+logging.basicConfig(level=logging.WARNING)
+from tasks.prefect_server import temporary_prefect_server
+
+with temporary_prefect_server() as url:
+    print("up", url, flush=True)
+"""
+
+
+def test_jobs_started_at_once_on_a_fresh_home_start_without_a_traceback(tmp_path: Path) -> None:
+    """Three temporary servers on one new PREFECT_HOME: their database migrations take turns,
+    so none logs alembic's CommandError (one of three did before the start-up lock)."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect")
+    jobs = [
+        subprocess.Popen(
+            [sys.executable, "-c", STARTER], cwd=ROOT, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        for _ in range(3)
+    ]
+    outputs = [job.communicate(timeout=240) for job in jobs]
+    for job, (out, err) in zip(jobs, outputs, strict=True):
+        assert job.returncode == 0 and out.startswith("up http://127.0.0.1:"), err[-2000:]
+        assert "Traceback" not in err and "CommandError" not in err, err[-2000:]
