@@ -178,6 +178,8 @@ def run(
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
+    from core.runtime.job import starting_eval  # the job ran: nothing new to import
+
     table = Table(title=f"{summary['experiment']} / {summary['trial']}")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -189,10 +191,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
     table.add_row("accuracy before RL", fmt(summary.get("accuracy_before")))
     table.add_row("accuracy after RL", fmt(summary.get("accuracy_after")))
     evals = summary.get("evals") or []
+    start = starting_eval(evals)
     for group in ("metrics", "sampled"):  # the task's own eval metrics; pass@k and mean@k
-        for name in evals[0][group] if evals else ():
-            before, after = evals[0][group][name], evals[-1][group][name]
-            table.add_row(f"{name} before → after", f"{before:.3f} → {after:.3f}")
+        for name, after in evals[-1][group].items() if evals else ():
+            before = start[group].get(name) if start is not None else None
+            table.add_row(f"{name} before → after", f"{fmt(before)} → {after:.3f}")
     table.add_row("RL steps", str(summary["steps"]))
     if "samples_per_s" in summary:
         table.add_row("samples/s (RL)", fmt(summary["samples_per_s"], ".1f"))

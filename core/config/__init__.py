@@ -46,6 +46,7 @@ from core.config.sections import (
     SchedulerConfig,
     SFTConfig,
     TrackingConfig,
+    WatchdogConfig,
 )
 
 __all__ = [
@@ -65,6 +66,7 @@ __all__ = [
     "SFTConfig",
     "SchedulerConfig",
     "TrackingConfig",
+    "WatchdogConfig",
     "RUN_NEUTRAL",
     "config_changes",
     "config_hash",

@@ -56,6 +56,7 @@ RUN_NEUTRAL = (
     "checkpoint.keep_last",
     "checkpoint.recover",
     "tracking",
+    "watchdog",
 )
 
 

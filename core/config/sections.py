@@ -385,6 +385,13 @@ class RolloutConfig:
     stall_timeout_s: float = documented(
         3600.0, "Stop the run when no batch is ready after this many seconds of waiting.", gt=0
     )
+    episode_timeout_s: float = documented(
+        600.0,
+        "An RL episode still running after this many seconds (a tool or an environment that "
+        "hangs) is cancelled and its group counts as failed (rollout/episodes_timed_out, a "
+        "warning; toward rollout.max_failure_rate): it never holds a slot forever. 0 = no limit.",
+        ge=0,
+    )
     max_turns: int = documented(
         4, "Tool-agent and agent workflows: most model turns (completion calls) per episode.", gt=0
     )
@@ -502,6 +509,11 @@ class EvalConfig:
     every_n_steps: int = documented(
         10, "Evaluate every N RL steps (0 = only before and after).", ge=0
     )
+    at_start: bool = documented(
+        True,
+        "Evaluate the starting policy before RL (accuracy_before); false skips it, and the "
+        "summary's accuracy_before is then empty. The run always evaluates at its end.",
+    )
     n_samples: int = documented(
         0,
         "Sampled answers per problem, besides the greedy one behind accuracy, for pass@k and "
@@ -538,6 +550,28 @@ class CheckpointConfig:
         "'off' or 'auto': resume from the newest valid committed checkpoint (a torn or corrupt "
         "one is skipped with a warning); without experiment.trial, of the latest run.",
         choices=("off", "auto"),
+    )
+
+
+@dataclass
+class WatchdogConfig:
+    """The driver's waits on its workers: named while they last, and never forever."""
+
+    warn_s: float = documented(
+        60.0,
+        "While the driver waits this long on a worker call (an evaluation, an SFT step, an RL "
+        "update, publishing weights, a checkpoint or export), log what it waits for and for how "
+        "long, and again after each further period. The batch wait logs its own, more detailed "
+        "line (rollout.stall_warn_s).",
+        gt=0,
+    )
+    timeout_s: float = documented(
+        3600.0,
+        "Stop the run with an error naming the call when a worker call takes longer than this "
+        "(0 = no limit). The batch wait's limit is rollout.stall_timeout_s (plus warn_s for the "
+        "worker to say why first); evaluation episodes are also bounded one by one "
+        "(eval.episode_timeout_s), RL episodes by rollout.episode_timeout_s.",
+        ge=0,
     )
 
 
@@ -581,6 +615,9 @@ class Config:
     eval: EvalConfig = documented(help="Held-out evaluation.", factory=EvalConfig)
     checkpoint: CheckpointConfig = documented(help="Checkpoints.", factory=CheckpointConfig)
     tracking: TrackingConfig = documented(help="Tracking.", factory=TrackingConfig)
+    watchdog: WatchdogConfig = documented(
+        help="Limits on the driver's waits.", factory=WatchdogConfig
+    )
 
     @property
     def run_dir(self) -> str:

@@ -48,6 +48,10 @@ class RolloutError(RuntimeError):
     """The rollout side cannot go on (too many failing episodes)."""
 
 
+class EpisodeTimeoutError(TimeoutError):
+    """An episode ran past its time limit (a hung tool or environment) and was cancelled."""
+
+
 @dataclass
 class RolloutCounters:
     """What the executor has done; the invariants are asserted in tests."""
@@ -63,6 +67,7 @@ class RolloutCounters:
     dropped_stale: int = 0  # groups older than η when the batch was cut
     window: int = 0  # the submission bound in use (η, or adaptive_staleness's working window)
     episodes_failed: int = 0
+    episodes_timed_out: int = 0  # of those, cancelled past the episode time limit
     staleness: Counter = field(default_factory=Counter)  # consumed groups by staleness
 
     def as_dict(self) -> dict[str, Any]:
@@ -89,6 +94,7 @@ class RolloutExecutor:
         group_filter: GroupFilter | None = None,
         max_filtered_in_a_row: int = 256,
         adaptive_staleness: bool = False,
+        episode_timeout_s: float | None = None,
     ) -> None:
         if batch_size <= 0 or group_size <= 0:
             raise ValueError("rollout.batch_size and algorithm.group_size must be > 0")
@@ -106,6 +112,7 @@ class RolloutExecutor:
         self.group_filter = group_filter
         self.max_filtered_in_a_row = max_filtered_in_a_row
         self.adaptive_staleness = adaptive_staleness
+        self.episode_timeout_s = episode_timeout_s or None  # 0 = no limit
         self.counters = RolloutCounters(
             window=min(1, max_staleness) if adaptive_staleness else max_staleness
         )
@@ -298,16 +305,14 @@ class RolloutExecutor:
         # the engine serves older groups' calls first when it has more than it can batch
         request_priority.set(order)  # this task's context: its episodes' requests inherit it
         started = time.monotonic()
-        episodes = [
-            self.workflow.run_episode(self.engine, episode_sample(sample, i))
-            for i in range(self.group_size)
-        ]
+        episodes = [self._episode(episode_sample(sample, i)) for i in range(self.group_size)]
         results = await asyncio.gather(*episodes, return_exceptions=True)
         self.counters.running -= 1
         self._episodes_done += len(results)
         errors = [r for r in results if isinstance(r, BaseException)]
         if any(isinstance(e, asyncio.CancelledError) for e in errors):
             return
+        self.counters.episodes_timed_out += sum(isinstance(e, EpisodeTimeoutError) for e in errors)
         sample_id = str(sample.get("id", ""))
         episodes: list[list[Trajectory] | None] = []
         if not errors:
@@ -335,6 +340,20 @@ class RolloutExecutor:
                 self.counters.filtered_in_a_row = 0
                 self._ready.append(group)
         self._poke()
+
+    async def _episode(self, sample: dict[str, Any]) -> Any:
+        """One episode, cancelled past ``episode_timeout_s`` (EpisodeTimeoutError)."""
+        limit = asyncio.timeout(self.episode_timeout_s)
+        try:
+            async with limit:
+                return await self.workflow.run_episode(self.engine, sample)
+        except TimeoutError:
+            if not limit.expired():  # the workflow's own timeout, not ours
+                raise
+            raise EpisodeTimeoutError(
+                f"episode ran past rollout.episode_timeout_s={self.episode_timeout_s:g} s and "
+                "was cancelled"
+            ) from None
 
     def _filtered(self, group: Group) -> None:
         """A group the filter refused: warn when it keeps happening, stop after the limit."""

@@ -153,11 +153,17 @@ class ProcessActor:
 
     def close(self, timeout_s: float = 30.0) -> None:
         if self.process.is_alive():
-            try:
-                with self._lock:
+            if self._lock.acquire(timeout=1.0):  # no call in flight: ask the object to stop
+                try:
                     self._conn.send(None)
-            except (BrokenPipeError, OSError):
-                pass
+                except (BrokenPipeError, OSError):
+                    pass
+                finally:
+                    self._lock.release()
+            else:  # a call still runs (one a watchdog gave up on): it would not read the request
+                logger.warning("%s is busy with %s(): terminating it", self.name, self._unanswered)
+                self.process.terminate()
+                timeout_s = min(timeout_s, 10.0)
             self.process.join(timeout_s)
         if self.process.is_alive():
             logger.warning(
@@ -175,15 +181,23 @@ class InProcessActor:
         self, factory: Callable[..., Any], *args: Any, name: str = "actor", **kwargs: Any
     ) -> None:
         self.obj = factory(*args, **kwargs)
+        self.name = name
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._last: cf.Future | None = None
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.obj, method)(*args, **kwargs)
 
     def call_async(self, method: str, *args: Any, **kwargs: Any) -> cf.Future:
-        return self._pool.submit(self.call, method, *args, **kwargs)
+        self._last = self._pool.submit(self.call, method, *args, **kwargs)
+        return self._last
 
     def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._last is not None and self._last.running():
+            # a call a watchdog gave up on: a thread cannot be stopped; leave the object to it
+            logger.warning("%s: a call is still running; not closing the object", self.name)
+            return
         self._pool.shutdown(wait=True)
         close = getattr(self.obj, "close", None)
         if callable(close):

@@ -13,13 +13,16 @@ declare fails where it is written, before anything is sent.
 
 A handle's own controls (``close``, and a learner group's ``wait_idle`` and ``node_ids``) run
 on the actor or group itself; every other method is a call in the worker's process, blocking
-until it answers, in the order made.
+until it answers, in the order made. Given a :class:`~core.runtime.watchdog.Watch`, a handle logs
+what it waits for while a call runs long and gives up past the watch's limit.
 """
 
 from __future__ import annotations
 
 import functools
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+
+from core.runtime.watchdog import Watch
 
 if TYPE_CHECKING:  # the workers' types only: importing them here would load torch for nothing
     import torch
@@ -122,12 +125,13 @@ def methods(protocol: type) -> frozenset[str]:
 class _Handle:
     """What :func:`typed` returns; see the module docstring."""
 
-    __slots__ = ("_target", "_protocol", "_methods")
+    __slots__ = ("_target", "_protocol", "_methods", "_watch")
 
-    def __init__(self, target: Any, protocol: type) -> None:
+    def __init__(self, target: Any, protocol: type, watch: Watch | None) -> None:
         self._target = target
         self._protocol = protocol
         self._methods = methods(protocol)
+        self._watch = watch
 
     def __getattr__(self, name: str) -> Any:
         if name not in self._methods:
@@ -135,13 +139,21 @@ class _Handle:
         own = getattr(type(self._target), name, None)
         if callable(own):  # a control of the actor or group itself (close, wait_idle, …)
             return getattr(self._target, name)
-        return functools.partial(self._target.call, name)
+        if self._watch is None:
+            return functools.partial(self._target.call, name)
+        target, watch = self._target, self._watch
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            return watch.wait(name, target.call_async(name, *args, **kwargs))
+
+        return watched
 
     def __repr__(self) -> str:
         return f"{self._protocol.__name__}({self._target!r})"
 
 
-def typed(target: Any, protocol: type[H]) -> H:
+def typed(target: Any, protocol: type[H], watch: Watch | None = None) -> H:
     """``target`` (anything with ``call(method, *args, **kwargs)``: an Actor, a LearnerGroup)
-    seen through ``protocol``'s methods."""
-    return cast(H, _Handle(target, protocol))
+    seen through ``protocol``'s methods; with ``watch``, each call is awaited under it (the
+    target's ``call_async``)."""
+    return cast(H, _Handle(target, protocol, watch))

@@ -177,6 +177,11 @@ def report(
     return summary
 
 
+def starting_eval(evals: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The evaluation of the starting policy (version 0), or None when eval.at_start=false."""
+    return next((e for e in evals if e["version"] == 0), None)
+
+
 def summarize(
     config: Config,
     data: PreparedData,
@@ -207,8 +212,9 @@ def summarize(
     if rl is not None:
         staleness = rl.rollout_stats.get("staleness", {})
         n = sum(staleness.values())
+        start = starting_eval(rl.evals)
         summary.update(
-            accuracy_before=rl.evals[0]["accuracy"],
+            accuracy_before=None if start is None else start["accuracy"],
             accuracy_after=rl.evals[-1]["accuracy"],
             evals=rl.evals,
             steps=rl.steps_run,

@@ -42,8 +42,13 @@ def rollout_metrics(
     """The rollout side over one step, from the worker's ``stats`` at its start and end: groups
     in flight and, on the in-process engine (``engine`` counters), the share of the step its model
     was busy, the prompt tokens it prefilled (re-prefills included) or took from its prefix
-    cache, and the rows a decode step had on average."""
-    out = {"rollout/groups_in_flight": float(after["running"])}  # type: ignore[arg-type]
+    cache, and the rows a decode step had on average. Failed and timed-out episodes are counts
+    since the run started."""
+    out = {
+        "rollout/groups_in_flight": float(after["running"]),  # type: ignore[arg-type]
+        "rollout/episodes_failed": float(after.get("episodes_failed", 0)),  # type: ignore[arg-type]
+        "rollout/episodes_timed_out": float(after.get("episodes_timed_out", 0)),  # type: ignore[arg-type]
+    }
     engine = after.get("engine")
     if not isinstance(engine, Mapping) or engine_before is None:
         return out

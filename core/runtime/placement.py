@@ -25,6 +25,7 @@ from core.runtime.actors import Actor, InProcessActor, ProcessActor, RayActor
 from core.runtime.handles import LearnerHandle, LearnerRank, RolloutHandle, typed
 from core.runtime.learner_worker import LearnerWorker
 from core.runtime.rollout_worker import RolloutWorker
+from core.runtime.watchdog import learner_watch, rollout_watch
 from core.training.distributed import free_port
 
 logger = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ def start_rollout(
             RolloutWorker, config, model_dir, train, version=version, state=state,
             weights_url=weights_url, name="rollout",
         )  # fmt: skip
-    return typed(actor, RolloutHandle)
+    return typed(actor, RolloutHandle, rollout_watch(config))
 
 
 def learner_bundles(config: Config) -> list[dict[str, float]]:
@@ -180,23 +181,32 @@ class LearnerGroup:
         self.ranks = list(ranks)
         self.nodes = list(nodes or [socket.gethostname()] * len(self.ranks))  # for error messages
         self._in_flight: list[cf.Future] = []
+        self._gather = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="learner-group")
         self._on_close = on_close  # frees what placed the ranks (a Ray placement group)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``method`` on every rank; rank 0's result. The first rank to fail (or die) ends the
         call with a :class:`LearnerRankError` naming it: the others may be stuck in a collective
         with it."""
-        # The ranks work on their own threads or processes: a signal that interrupts this wait
+        return self.call_async(method, *args, **kwargs).result()
+
+    def call_async(self, method: str, *args: Any, **kwargs: Any) -> cf.Future:
+        """:meth:`call` as a future; the ranks have the call before this returns."""
+        # The ranks work on their own threads or processes: a signal that interrupts a wait
         # leaves the call running to completion (see wait_idle), never half-applied.
-        self._in_flight = [rank.call_async(method, *args, **kwargs) for rank in self.ranks]
-        cf.wait(self._in_flight, return_when=cf.FIRST_EXCEPTION)
-        for r, future in enumerate(self._in_flight):
+        in_flight = [rank.call_async(method, *args, **kwargs) for rank in self.ranks]
+        self._in_flight = in_flight
+        return self._gather.submit(self._first_result, method, in_flight)
+
+    def _first_result(self, method: str, in_flight: list[cf.Future]) -> Any:
+        cf.wait(in_flight, return_when=cf.FIRST_EXCEPTION)
+        for r, future in enumerate(in_flight):
             if future.done() and future.exception() is not None:
                 raise LearnerRankError(
                     f"learner rank {r} of {len(self.ranks)} (node {self.nodes[r]}) failed in "
                     f"{method}(): {future.exception()}"
                 ) from future.exception()
-        return self._in_flight[0].result()
+        return in_flight[0].result()
 
     def node_ids(self) -> list[str]:
         """The node each rank runs on, in rank order."""
@@ -210,13 +220,14 @@ class LearnerGroup:
     def close(self) -> None:
         for rank in self.ranks:
             rank.close()
+        self._gather.shutdown(wait=False, cancel_futures=True)
         if self._on_close is not None:
             self._on_close()
 
 
 def start_learners(config: Config, model_dir: str, *, mode: str = "rl") -> LearnerHandle:
     """``learner.n_ranks`` learner ranks forming one FSDP2 process group (gloo on CPU)."""
-    return typed(_learner_group(config, model_dir, mode), LearnerHandle)
+    return typed(_learner_group(config, model_dir, mode), LearnerHandle, learner_watch(config))
 
 
 def _learner_group(config: Config, model_dir: str, mode: str) -> LearnerGroup:

@@ -112,6 +112,7 @@ class RolloutWorker:
             adaptive_staleness=c.rollout.adaptive_staleness,
             max_failure_rate=c.rollout.max_failure_rate, group_filter=group_filter,
             max_filtered_in_a_row=c.rollout.max_filtered_in_a_row,
+            episode_timeout_s=c.rollout.episode_timeout_s,
         )  # fmt: skip
 
     def _next_sample(self) -> dict[str, Any]:

@@ -165,7 +165,7 @@ class Trainer:
                     learners, rollout, len(rollout_cfg.rollout.server_addresses)
                 )
             version = start
-            if not self.evals:
+            if not self.evals and cfg.eval.at_start:
                 self._evaluate(rollout, version)  # the starting point, same engine and settings
             totals = {
                 "samples": 0,

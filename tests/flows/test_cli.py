@@ -235,3 +235,24 @@ def test_engine_serve_rejects_a_folder_without_a_model(tmp_path: Path) -> None:
     result = runner.invoke(app, ["engine", "serve", "--model", str(tmp_path)])
     assert result.exit_code == 2
     assert str(tmp_path) in result.output and "config.json" in result.output
+
+
+@pytest.mark.unit
+def test_the_summary_table_without_a_starting_evaluation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """eval.at_start=false: no accuracy before RL, and the task's metrics show only their end."""
+    import io
+
+    from rich.console import Console
+
+    import flows.cli as cli
+
+    out = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=out, width=200))
+    final = {"version": 2, "accuracy": 0.25, "metrics": {"direct_share": 0.5}, "sampled": {}}
+    cli._print_summary({
+        "experiment": "e", "trial": "t", "data": {"n_test": 8}, "accuracy_before": None,
+        "accuracy_after": 0.25, "evals": [final], "steps": 2, "wall_seconds": 1.0, "run_dir": "r",
+    })  # fmt: skip
+    text = out.getvalue()
+    assert re.search(r"accuracy before RL\s*│\s*—", text) and re.search(r"after RL\s*│\s*0\.250", text)
+    assert re.search(r"direct_share before → after\s*│\s*— → 0\.500", text)

@@ -78,8 +78,12 @@ def test_jobs_started_at_once_on_a_fresh_home_start_without_a_traceback(tmp_path
     env["PREFECT_HOME"] = str(tmp_path / "prefect")
     jobs = [
         subprocess.Popen(
-            [sys.executable, "-c", STARTER], cwd=ROOT, env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [sys.executable, "-c", STARTER],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )  # fmt: skip
         for _ in range(3)
     ]

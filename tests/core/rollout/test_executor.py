@@ -385,6 +385,41 @@ def test_too_many_failures_stop_the_run_with_a_clear_error() -> None:
     run(main())
 
 
+class HangingWorkflow(EchoWorkflow):
+    """An environment whose tool never returns on every eighth prompt (the issue's probe)."""
+
+    async def run_episode(self, engine: Any, sample: dict[str, Any]) -> Trajectory | None:
+        if int(sample["id"][1:]) % 8 == 3:
+            await asyncio.Event().wait()  # forever
+        return await super().run_episode(engine, sample)
+
+
+def test_an_episode_that_never_returns_is_cancelled_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Past rollout.episode_timeout_s a hung episode is cancelled and its group counts as failed,
+    so batches keep coming; without the limit its slot would be held for ever."""
+
+    async def main() -> None:
+        engine = TickEngine()
+        executor = make(
+            engine, HangingWorkflow(n_tokens=2), eta=1, batch_size=4, max_failure_rate=0.5,
+            episode_timeout_s=0.3,
+        )  # fmt: skip
+        executor.start(sample_stream())
+        batches = await scripted_learner(executor, engine, steps=3)
+        await asyncio.sleep(0.5)  # the hung episodes submitted meanwhile time out too
+        await executor.stop()
+        c = executor.counters
+        assert all(int(g.sample_id[1:]) % 8 != 3 for b in batches for g in b)
+        assert c.episodes_timed_out >= 1 and c.failed >= 1
+        assert c.episodes_failed >= c.episodes_timed_out
+
+    with caplog.at_level("WARNING", logger="core.rollout.executor"):
+        run(main())
+    assert any("rollout.episode_timeout_s=0.3 s" in r.getMessage() for r in caplog.records)
+
+
 def test_recover_restarts_accepted_at_v_times_b() -> None:
     async def main():
         engine = TickEngine()

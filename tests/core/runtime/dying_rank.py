@@ -1,4 +1,4 @@
-"""A stand-in learner rank for test_learner_group and test_handles: a real process that works, or dies mid-call (kept
+"""A stand-in learner rank for test_learner_group, test_handles and test_watchdog: a real process that works, or dies mid-call (kept
 out of the test module so a spawned rank imports nothing heavy)."""
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ class Rank:
 
     def node_id(self) -> str:
         return f"node-{self.rank}"
+
+    def nap(self, seconds: float) -> float:
+        time.sleep(seconds)  # a call that takes long, or never answers (test_watchdog)
+        return seconds
 
     def step(self) -> int:
         if self.rank == 1:

@@ -16,9 +16,12 @@ def test_rollout_metrics_are_the_steps_differences() -> None:
     after = {"prefill_s": 3.0, "decode_s": 5.0, "prefill_tokens": 400, "reprefilled_tokens": 10,
              "prefix_cached_tokens": 250, "tokens_generated": 100, "decode_steps": 20,
              "mean_batch_size": 5.0}  # fmt: skip
-    got = rollout_metrics(before, {"running": 6, "engine": after}, wall_s=10.0)
+    counters = {"running": 6, "episodes_failed": 3, "episodes_timed_out": 2}
+    got = rollout_metrics(before, {**counters, "engine": after}, wall_s=10.0)
     assert got == {
         "rollout/groups_in_flight": 6.0,
+        "rollout/episodes_failed": 3.0,  # since the run started
+        "rollout/episodes_timed_out": 2.0,
         "rollout/engine_busy_frac": 0.5,  # (2 + 3) s of 10
         "rollout/prefill_tokens": 300.0,
         "rollout/reprefilled_tokens": 0.0,
@@ -26,7 +29,11 @@ def test_rollout_metrics_are_the_steps_differences() -> None:
         "rollout/decode_rows_per_step": 6.0,  # 60 tokens over 10 steps
     }
     # servers: no engine counters, only what the executor knows
-    assert rollout_metrics(None, {"running": 2}, wall_s=10.0) == {"rollout/groups_in_flight": 2.0}
+    assert rollout_metrics(None, {"running": 2}, wall_s=10.0) == {
+        "rollout/groups_in_flight": 2.0,
+        "rollout/episodes_failed": 0.0,
+        "rollout/episodes_timed_out": 0.0,
+    }
 
 
 def test_agent_metrics_count_each_episode_once() -> None:

@@ -150,13 +150,15 @@ def test_ppo_preset_trains_a_critic(tmp_path: Path) -> None:
             "algorithm=ppo",
             "algorithm.group_size=2",
             "learner.total_steps=2",
+            "eval.at_start=false",  # and no evaluation before RL
         ],
     )
-    run_experiment(cfg)
-    steps = [
-        m for m in read_jsonl(tmp_path / "quickstart" / "p" / "metrics.jsonl") if "critic/loss" in m
-    ]
-    assert len(steps) == 2
+    summary = run_experiment(cfg)
+    metrics = read_jsonl(tmp_path / "quickstart" / "p" / "metrics.jsonl")
+    assert len([m for m in metrics if "critic/loss" in m]) == 2
+    assert [m["step"] for m in metrics if "eval/accuracy" in m] == [2]  # the final one only
+    assert summary["accuracy_before"] is None and [e["version"] for e in summary["evals"]] == [2]
+    assert summary["accuracy_after"] == summary["evals"][0]["accuracy"]
 
 
 def test_checkpoint_manager_ignores_torn_checkpoints(tmp_path: Path) -> None:
