@@ -254,5 +254,7 @@ def test_the_summary_table_without_a_starting_evaluation(monkeypatch: pytest.Mon
         "accuracy_after": 0.25, "evals": [final], "steps": 2, "wall_seconds": 1.0, "run_dir": "r",
     })  # fmt: skip
     text = out.getvalue()
-    assert re.search(r"accuracy before RL\s*│\s*—", text) and re.search(r"after RL\s*│\s*0\.250", text)
+    assert re.search(r"accuracy before RL\s*│\s*—", text) and re.search(
+        r"after RL\s*│\s*0\.250", text
+    )
     assert re.search(r"direct_share before → after\s*│\s*— → 0\.500", text)

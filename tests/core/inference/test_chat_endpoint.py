@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
+import threading
 import time
 from collections.abc import Iterator
 
@@ -117,3 +119,38 @@ def test_a_conversation_longer_than_the_context_says_so(server, tool_chat_model)
     message = reply.json()["error"]["message"]
     assert message.startswith("messages: the rendered conversation is ")
     assert message.endswith(f"tokens; this model's context is {context}")
+
+
+BYSTANDER_BOUND_S = 3.0  # an 8-token /generate call takes ~0.05 s here when the server is idle
+
+
+def test_bystanders_stay_fast_while_oversized_bodies_are_refused(server) -> None:
+    """Two 20 MB messages once held 8-token /generate calls for 42-80 s. Now they are refused
+    before tokenising, a body over the 64 MiB cap gets a 413 naming it, and every bystander call
+    made meanwhile answers within BYSTANDER_BOUND_S."""
+    latencies: list[float] = []
+    stop = threading.Event()
+    headers = {"Authorization": "Bearer sk-test"}
+    body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 8, "temperature": 0.0}}
+
+    def bystander() -> None:
+        with httpx.Client(headers=headers, timeout=120) as http:
+            while not stop.is_set():
+                t0 = time.monotonic()
+                assert http.post(f"{server}/generate", json=body).status_code == 200
+                latencies.append(time.monotonic() - t0)
+
+    huge = json.dumps({"messages": [{"role": "user", "content": "x" * 20_000_000}]}).encode()
+    over_cap = b'{"messages": [{"role": "user", "content": "' + b"y" * (65 * 1024**2) + b'"}]}'
+    with cf.ThreadPoolExecutor(4) as pool:
+        watcher = pool.submit(bystander)
+        time.sleep(0.5)
+        refused = [f.result() for f in [pool.submit(_post, server, huge) for _ in range(2)]]
+        capped = pool.submit(_post, server, over_cap).result()
+        time.sleep(0.5)
+        stop.set()
+        watcher.result()
+    assert [r.status_code for r in refused] == [400, 400]
+    assert capped.status_code == 413 and "67108864" in capped.text, capped.text[:300]
+    assert len(latencies) >= 5 and max(latencies) < BYSTANDER_BOUND_S, sorted(latencies)[-5:]
+    print(f"{len(latencies)} bystander calls, slowest {max(latencies):.2f} s")
