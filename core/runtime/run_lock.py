@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import Any
 
 from core.config import Config
-from core.storage import filesystem, is_local, join, makedirs, read_text, remove_file, write_text
+from core.storage import filesystem, is_local, join, read_text, remove_file, write_text
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +80,6 @@ class RunLock:
 
     # ------------------------------------------------------------------ acquire / release
     def acquire(self) -> None:
-        if is_local(self.url):  # an object store has no folders to make
-            makedirs(self.url.rsplit("/", 1)[0])
         current = self.read()
         if current is not None:
             why = self.stale_reason(current)
@@ -129,6 +127,7 @@ class RunLock:
     def _create(self) -> None:
         blob = json.dumps(self.record)
         if is_local(self.url):
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)  # object stores have no folders
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:

@@ -56,16 +56,15 @@ class Watch:
             try:
                 return future.result(timeout=max(0.0, period))
             except cf.TimeoutError:
-                pass
-            waited = time.monotonic() - started
-            if deadline is not None and time.monotonic() >= deadline:
+                now = time.monotonic()
+            if deadline is not None and now >= deadline:
                 raise PhaseTimeoutError(
                     f"{what} did not answer within {timeout_s:g} s ({setting}): the run stops. "
                     f"Raise {setting} if this phase is slow rather than stuck (0 = no limit)."
                 )
             if method not in self.quiet:
                 limit = f"limit {timeout_s:g} s, {setting}" if deadline is not None else "no limit"
-                logger.warning("waiting for %s: %.0f s so far (%s)", what, waited, limit)
+                logger.warning("waiting for %s: %.0f s so far (%s)", what, now - started, limit)
 
 
 def rollout_watch(config: Config) -> Watch:
