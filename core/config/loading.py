@@ -197,6 +197,7 @@ def validate(config: Config) -> None:
     _check_lora(config)
     if config.data.test_ratio >= 1:
         raise ConfigError(f"data.test_ratio={config.data.test_ratio} must be < 1")
+    _check_humaneval(config)
     if config.eval.n_samples > 0 and not config.eval.temperature > 0:
         raise ConfigError(f"eval.temperature must be > 0 to sample, got {config.eval.temperature}")
     if config.rollout.temperature < 0:
@@ -308,11 +309,29 @@ def lora_target_problem(path: str, model: ModelConfig) -> str | None:
     return target_module_problem(skeleton, list(model.lora_target_modules))
 
 
+def _check_humaneval(config: Config) -> None:
+    """source=humaneval: some problems held out, and some to train on when the run trains."""
+    if config.data.source != "humaneval":
+        return
+    ratio = config.data.humaneval.train_ratio
+    if ratio >= 1:
+        raise ConfigError(f"data.humaneval.train_ratio={ratio} must be < 1 (some held out)")
+    trains = config.sft.enabled or config.learner.total_steps > 0
+    if ratio == 0 and trains:
+        raise ConfigError(
+            "data.humaneval.train_ratio=0 holds every problem out, so there is nothing to train "
+            "on: set data.humaneval.train_ratio (e.g. 0.5), or evaluate only with "
+            "sft.enabled=false learner.total_steps=0"
+        )
+
+
 def _check_data_paths(config: Config) -> None:
     """A local data path that does not exist fails now, not when the data stage starts (remote
     URLs and hub ids are checked by the loader; ``org/name`` is taken for a hub id)."""
     data = config.data
     paths = {"data.gsm8k_path": data.gsm8k_path} if data.source == "gsm8k" else {}
+    if data.source == "humaneval":
+        paths = {"data.humaneval.path": data.humaneval.path}
     if data.source == "dataset":
         paths = {"data.path": data.path, "data.test_path": data.test_path}
     for key, value in paths.items():

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from core.algorithms.config import AlgorithmConfig
 from core.data.code_synthetic import CodeSpec
+from core.data.humaneval import HumanEvalSpec
 from core.data.prompting import PROMPT_FORMATS
 from core.data.synthetic import SyntheticSpec
 from core.schema import documented
@@ -152,7 +153,8 @@ class DataConfig:
         "synthetic",
         "'synthetic' (generated GSM8K-style problems), 'code_synthetic' (generated function-"
         "writing problems with tests, for core.rewards.code), 'search_synthetic' (multi-hop "
-        "questions over a generated corpus, for the search agent), 'gsm8k', 'dataset' (any "
+        "questions over a generated corpus, for the search agent), 'humaneval' (HumanEval's 164 "
+        "problems, for core.rewards.humaneval), 'gsm8k', 'dataset' (any "
         "tabular data: data.path and the column keys), or a 'module:function' path to a source "
         "registered with @data_source (core/data/sources.py).",
     )
@@ -237,6 +239,10 @@ class DataConfig:
     search_synthetic: SearchSpec = documented(
         help="source=search_synthetic: the generated corpus and its multi-hop questions.",
         factory=SearchSpec,
+    )
+    humaneval: HumanEvalSpec = documented(
+        help="source=humaneval: where HumanEval's problems come from and how many are trained on.",
+        factory=HumanEvalSpec,
     )
 
 

@@ -2,7 +2,8 @@
 
 A source is a function ``(data config, seed) -> Splits`` registered with :func:`data_source`:
 generated ones (``synthetic``, ``code_synthetic``, ``search_synthetic``, the last registered in
-core/workflows/search_data.py beside its environment) and loaded ones (``gsm8k``, ``dataset``).
+core/workflows/search_data.py beside its environment) and loaded ones (``gsm8k``, ``humaneval``,
+``dataset``).
 ``data.source`` also takes a ``"module.sub:function"`` path to a source of the user's own::
 
     @data_source("my_puzzles", generated=True)
@@ -23,6 +24,7 @@ from typing import Any
 
 from core.data.code_synthetic import generate_code_splits
 from core.data.gsm8k import load_gsm8k
+from core.data.humaneval import humaneval_splits
 from core.data.synthetic import generate_splits
 from core.data.tabular import Columns, load_table, remove_test_questions, split_by_ratio, to_samples
 from core.plugins import Registry
@@ -86,6 +88,13 @@ def synthetic(data: DataSection, seed: int) -> Splits:
 def code_synthetic(data: DataSection, seed: int) -> Splits:
     """Generated function-writing problems with tests (``data.code_synthetic``)."""
     return Splits(*generate_code_splits(data.code_synthetic, data.n_train, data.n_test, seed))
+
+
+@data_source("humaneval")
+def humaneval(data: DataSection, seed: int) -> Splits:
+    """HumanEval's problems (``data.humaneval``: the bundled 164 or a file in their format); a
+    ``data.humaneval.train_ratio`` share trained on, the rest held out."""
+    return Splits(*humaneval_splits(data.humaneval, data.n_train, data.n_test, seed))
 
 
 @data_source("gsm8k")

@@ -59,7 +59,7 @@ OUTCOMES = ("passed", "failed", "error", "timeout", "syntax_error", "no_code")
 DEFAULT_TIMEOUT_S = 5.0
 CACHE_SIZE = 4096
 _VERIFIER_ERRORS = ("sandbox refused", "sandbox setup failed")
-_FENCE = re.compile(r"```[ \t]*[\w+.-]*[ \t]*\n(.*?)(?:^[ \t]*```|\Z)", re.DOTALL | re.MULTILINE)
+FENCE = re.compile(r"```[ \t]*[\w+.-]*[ \t]*\n(.*?)(?:^[ \t]*```|\Z)", re.DOTALL | re.MULTILINE)
 
 # Runs in the sandbox: the solution, then each test in its namespace; a tagged line per pass.
 _HARNESS = r"""
@@ -123,7 +123,7 @@ def parse_tests(reference: str) -> tuple[str, ...]:
 
 def extract_code(completion: str) -> str:
     """The code of a completion: its first fenced block's body, else all of it; dedented."""
-    fenced = _FENCE.search(completion)
+    fenced = FENCE.search(completion)
     code = fenced.group(1) if fenced else completion
     return textwrap.dedent(code).strip("\n")
 
@@ -205,11 +205,26 @@ def run_tests(
 ) -> tuple[int, int, str]:
     """(tests passed, tests, outcome) for the code in ``completion`` against ``reference``."""
     tests = parse_tests(reference)
+    passed, outcome = run_code(
+        extract_code(completion), tests, sandbox=sandbox, sandbox_timeout_s=sandbox_timeout_s
+    )
+    return passed, len(tests), outcome
+
+
+def run_code(
+    code: str,
+    tests: tuple[str, ...],
+    *,
+    sandbox: str = "strict",
+    sandbox_timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> tuple[int, str]:
+    """(tests passed, outcome) for a program ``code`` and its ``tests``, run in the sandbox
+    (cached, counted in :func:`stats`); RuntimeError when the verifier cannot run."""
     if not sandbox_timeout_s > 0:
         raise ValueError(f"sandbox_timeout_s must be > 0, got {sandbox_timeout_s}")
-    passed, outcome = _score(extract_code(completion), tests, sandbox, float(sandbox_timeout_s))
+    passed, outcome = _score(code, tuple(tests), sandbox, float(sandbox_timeout_s))
     _STATS.count(outcome)
-    return passed, len(tests), outcome
+    return passed, outcome
 
 
 @blocking

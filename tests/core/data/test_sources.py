@@ -48,6 +48,7 @@ def test_the_built_ins_are_registered() -> None:
         "code_synthetic": True,
         "gsm8k": False,
         "dataset": False,
+        "humaneval": False,
         "search_synthetic": True,  # registered beside its environment, core/workflows
     }
 
