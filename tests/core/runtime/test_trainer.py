@@ -249,7 +249,11 @@ def _stderr(proc: subprocess.Popen) -> str:
 def _resume_case(
     fileroot: str, ckpt_dir: Any, env: dict[str, str], trial: str, extra: tuple[str, ...] = ()
 ) -> str:
-    """4 steps with a kill -9 after the step-2 checkpoint, then recover=auto; returns its log."""
+    """4 steps with a kill -9 after the step-2 checkpoint, then recover=auto; returns its log.
+
+    The kill lands a poll period after step 2's marker appears, and a tiny step can commit
+    step 3 in that time: callers read the step resumed from with `_resumed_step`.
+    """
     args = [
         *TINY,
         *extra,
@@ -260,6 +264,7 @@ def _resume_case(
         "checkpoint.every_n_steps=1",
         "checkpoint.keep_last=3",
     ]
+    env = {**env, "COLUMNS": "400"}  # rich wraps log lines at the terminal width
     first = _cli(args, env)
     deadline = time.monotonic() + 240
     while not ckpt_dir("step-000002"):
@@ -297,16 +302,24 @@ def test_kill_and_resume_local_matches_straight_run(
     reference = read_jsonl(tmp_path / "quickstart" / "straight" / "batches.jsonl")
 
     ckpt = tmp_path / "quickstart" / "resumed" / "checkpoints"
-    _resume_case(str(tmp_path), lambda name: (ckpt / name / MARKER).exists(), env, "resumed")
+    log = _resume_case(str(tmp_path), lambda name: (ckpt / name / MARKER).exists(), env, "resumed")
     resumed_rows = read_jsonl(tmp_path / "quickstart" / "resumed" / "batches.jsonl")
     assert [row["step"] for row in resumed_rows] == [0, 1, 2, 3]  # no step twice
     by_step = {row["step"]: row for row in resumed_rows}
     assert [by_step[s]["sample_ids"] for s in range(4)] == [r["sample_ids"] for r in reference]
     assert [by_step[s]["version"] for s in range(4)] == [1, 2, 3, 4]
     summary = json.loads((tmp_path / "quickstart" / "resumed" / "summary.json").read_text())
-    assert (
-        summary["version"] == 4 and summary["steps"] == 2
-    )  # only steps 2 and 3 ran after resuming
+    # only the steps after the checkpoint it resumed from ran again
+    assert summary["version"] == 4 and summary["steps"] == 4 - _resumed_step(log)
+
+
+def _resumed_step(log: str) -> int:
+    """The checkpoint step a `recover=auto` run says it resumed from (2 or 3 here)."""
+    found = re.search(r"resuming from \S*step-(\d+) \(version (\d+)\)", log)
+    assert found, log[-3000:]
+    step, version = int(found[1]), int(found[2])
+    assert step == version and step in (2, 3), found[0]
+    return step
 
 
 def _server_ports(fileroot: str, trial: str) -> list[int]:
@@ -357,9 +370,9 @@ def test_kill_and_resume_on_s3(
 
     # On servers the run launches, which get every version through S3 (no shared folder).
     fileroot = f"s3://{s3_bucket}/runs"
-    _resume_case(fileroot, committed, env, "s3run", ("rollout.engine=sglang",))
+    log = _resume_case(fileroot, committed, env, "s3run", ("rollout.engine=sglang",))
     summary = json.loads(fs.cat(f"{s3_bucket}/runs/quickstart/s3run/summary.json"))
-    assert summary["version"] == 4 and summary["steps"] == 2
+    assert summary["version"] == 4 and summary["steps"] == 4 - _resumed_step(log)
     _wait_closed(_server_ports(fileroot, "s3run"))
     weights = f"{s3_bucket}/runs/quickstart/s3run/weights"
     fs.invalidate_cache()
