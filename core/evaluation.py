@@ -4,7 +4,8 @@ Evals run the same workflow as training (so a tool agent's eval calls its tools)
 engine contract, with ``temperature = 0``. Greedy accuracy on a few hundred problems is noisy
 (±3.5 points at n=200), so the result carries its standard error; a task adds its own metrics
 (GSM8K: the share of answer-only completions) through its reward plug-in
-(:func:`core.rewards.registry.with_completion_metrics`). With ``n_samples`` > 0 every problem is
+(:func:`core.rewards.registry.with_completion_metrics`); where samples name their ``task`` (a
+mix of tasks, as reasoning-gym's), accuracy per task is reported too (``accuracy/<task>``). With ``n_samples`` > 0 every problem is
 also answered ``n`` times by sampling (seeded per problem and answer, so an eval is repeatable),
 giving pass@1, pass@n and mean@n.
 """
@@ -161,6 +162,7 @@ async def evaluate_workflow(
             },
             # the share of episodes that called a tool at least once (agents that count calls)
             **({"tool_call_share": sum(c > 0 for c in tool_calls) / n} if tool_calls else {}),
+            **_accuracy_by_task(samples, [reward for reward, _, _ in results]),
         },
         sampled=sampled,
         examples=[
@@ -169,6 +171,15 @@ async def evaluate_workflow(
         ],
         timed_out=timed_out,
     )
+
+
+def _accuracy_by_task(samples: Sequence[dict[str, Any]], rewards: list[float]) -> dict[str, float]:
+    """``accuracy/<task>`` for each task named by the samples' ``task`` key (none without)."""
+    by_task: dict[str, list[float]] = {}
+    for sample, reward in zip(samples, rewards, strict=True):
+        if isinstance(sample.get("task"), str):
+            by_task.setdefault(sample["task"], []).append(reward)
+    return {f"accuracy/{task}": sum(r) / len(r) for task, r in sorted(by_task.items())}
 
 
 async def _sampled_scores(

@@ -12,9 +12,11 @@ from core.algorithms.config import AlgorithmConfig
 from core.data.code_synthetic import CodeSpec
 from core.data.humaneval import HumanEvalSpec
 from core.data.prompting import PROMPT_FORMATS
+from core.data.reasoning_gym import ReasoningGymSpec
 from core.data.synthetic import SyntheticSpec
 from core.schema import documented
 from core.workflows.search_data import SearchSpec
+from core.workflows.textarena_game import TextArenaSpec
 
 
 class ConfigError(ValueError):
@@ -154,7 +156,9 @@ class DataConfig:
         "'synthetic' (generated GSM8K-style problems), 'code_synthetic' (generated function-"
         "writing problems with tests, for core.rewards.code), 'search_synthetic' (multi-hop "
         "questions over a generated corpus, for the search agent), 'humaneval' (HumanEval's 164 "
-        "problems, for core.rewards.humaneval), 'gsm8k', 'dataset' (any "
+        "problems, for core.rewards.humaneval), 'reasoning_gym' (reasoning-gym's procedural tasks, "
+        "for core.rewards.reasoning_gym), 'textarena' (seeded games of a textarena single-player "
+        "game, for the agent core.workflows.textarena_game:play), 'gsm8k', 'dataset' (any "
         "tabular data: data.path and the column keys), or a 'module:function' path to a source "
         "registered with @data_source (core/data/sources.py).",
     )
@@ -243,6 +247,14 @@ class DataConfig:
     humaneval: HumanEvalSpec = documented(
         help="source=humaneval: where HumanEval's problems come from and how many are trained on.",
         factory=HumanEvalSpec,
+    )
+    reasoning_gym: ReasoningGymSpec = documented(
+        help="source=reasoning_gym: which reasoning-gym tasks, mixed how, with which settings.",
+        factory=ReasoningGymSpec,
+    )
+    textarena: TextArenaSpec = documented(
+        help="source=textarena: which textarena game, with which settings.",
+        factory=TextArenaSpec,
     )
 
 

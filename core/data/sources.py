@@ -1,9 +1,9 @@
 """Data sources by name: ``data.source`` picks the function that makes a run's problems.
 
 A source is a function ``(data config, seed) -> Splits`` registered with :func:`data_source`:
-generated ones (``synthetic``, ``code_synthetic``, ``search_synthetic``, the last registered in
-core/workflows/search_data.py beside its environment) and loaded ones (``gsm8k``, ``humaneval``,
-``dataset``).
+generated ones (``synthetic``, ``code_synthetic``, ``reasoning_gym``; ``search_synthetic`` and
+``textarena`` registered in core/workflows/ beside their environments) and loaded ones
+(``gsm8k``, ``humaneval``, ``dataset``).
 ``data.source`` also takes a ``"module.sub:function"`` path to a source of the user's own::
 
     @data_source("my_puzzles", generated=True)
@@ -25,6 +25,7 @@ from typing import Any
 from core.data.code_synthetic import generate_code_splits
 from core.data.gsm8k import load_gsm8k
 from core.data.humaneval import humaneval_splits
+from core.data.reasoning_gym import reasoning_gym_splits
 from core.data.synthetic import generate_splits
 from core.data.tabular import Columns, load_table, remove_test_questions, split_by_ratio, to_samples
 from core.plugins import Registry
@@ -88,6 +89,16 @@ def synthetic(data: DataSection, seed: int) -> Splits:
 def code_synthetic(data: DataSection, seed: int) -> Splits:
     """Generated function-writing problems with tests (``data.code_synthetic``)."""
     return Splits(*generate_code_splits(data.code_synthetic, data.n_train, data.n_test, seed))
+
+
+@data_source("reasoning_gym", generated=True)
+def reasoning_gym(data: DataSection, seed: int) -> Splits:
+    """reasoning-gym's procedural tasks (``data.reasoning_gym``), scored by their own verifiers;
+    training questions that are also held out are dropped."""
+    train, test, overlap = reasoning_gym_splits(data.reasoning_gym, data.n_train, data.n_test, seed)
+    if overlap:
+        logger.info("dropped %d generated training question(s) that are held out", overlap)
+    return Splits(train, test, {"train_questions_in_test_removed": overlap})
 
 
 @data_source("humaneval")

@@ -98,3 +98,29 @@ def test_an_episode_that_never_returns_is_cut_off_and_counted(caplog) -> None:
     assert result.accuracy == pytest.approx(6 / 8)  # a timed-out episode scores 0
     assert result.sampled["mean_at_2"] == pytest.approx(6 / 8)
     assert "6 episode(s) ran past eval.episode_timeout_s=0.5" in caplog.text
+
+
+class _RightOnEven:
+    """A workflow that answers even-numbered questions right, odd ones wrong."""
+
+    sampling = SamplingParams(max_new_tokens=4)
+
+    async def run_episode(self, engine, sample: dict) -> Trajectory:
+        reward = 1.0 if int(sample["question"]) % 2 == 0 else 0.0
+        return Trajectory(input_ids=[1, 2], loss_mask=[0, 1], logprobs=[0.0, -0.1],
+                          versions=[-1, 0], reward=reward, prompt_len=1)  # fmt: skip
+
+
+@pytest.mark.unit
+def test_a_mix_of_tasks_reports_accuracy_per_task() -> None:
+    # questions 0-5 are "add" (3 of 6 right), 6-7 "legs" (1 of 2 right); 8-9 name no task
+    tasks = ["add"] * 6 + ["legs"] * 2
+    samples = [{"question": str(i), "answer": "", "task": t} for i, t in enumerate(tasks)]
+    samples += [{"question": str(i), "answer": ""} for i in (8, 9)]
+    result = asyncio.run(evaluate_workflow(None, _RightOnEven(), samples, max_new_tokens=4,
+                                           max_concurrent=4))  # fmt: skip
+    assert result.accuracy == pytest.approx(5 / 10)
+    assert result.metrics == {"accuracy/add": pytest.approx(3 / 6), "accuracy/legs": 0.5}
+    untagged = asyncio.run(evaluate_workflow(None, _RightOnEven(), samples[8:], max_new_tokens=4,
+                                             max_concurrent=4))  # fmt: skip
+    assert untagged.metrics == {}

@@ -49,7 +49,9 @@ def test_the_built_ins_are_registered() -> None:
         "gsm8k": False,
         "dataset": False,
         "humaneval": False,
+        "reasoning_gym": True,
         "search_synthetic": True,  # registered beside its environment, core/workflows
+        "textarena": True,  # the same
     }
 
 
