@@ -57,11 +57,13 @@ class Game:
     def __init__(self, env_id: str, seed: int, env_kwargs: dict[str, Any] | None = None) -> None:
         import textarena  # ~2 s import: only for this environment
 
+        self.env_id = env_id
         self._rng_state = random.Random(seed).getstate()
         with self._own_random():
             self.env = textarena.make(_raw(env_id), **(env_kwargs or {}))
             self.env.reset(num_players=1, seed=seed)
         self.done = False
+        self.opening = self.messages()  # the game's first message: the episode's question
 
     @contextmanager
     def _own_random(self) -> Iterator[None]:
@@ -74,7 +76,7 @@ class Game:
             random.setstate(outside)
 
     def messages(self) -> str:
-        """What the game said since the player's last move, as one message."""
+        """What the game said since it was last asked (the opening, then each move's answer)."""
         with self._own_random():
             _, observation = self.env.get_observation()
         if isinstance(observation, str):
@@ -139,13 +141,13 @@ SCRIPTED: dict[str, Player] = {"GuessTheNumber": guess_by_halving}
 carry its winning conversations for SFT."""
 
 
-def scripted_game(env_id: str, seed: int, env_kwargs: dict[str, Any]) -> list[dict[str, str]]:
-    """The scripted player's conversation in one game (after the opening), or [] if it lost."""
-    player = SCRIPTED.get(env_id.split("-v")[0])
+def scripted_game(game: Game) -> list[dict[str, str]]:
+    """The scripted player's conversation in a new ``game`` (after the opening), or [] where the
+    game has no scripted player or it lost."""
+    player = SCRIPTED.get(game.env_id.split("-v")[0])
     if player is None:
         return []
-    game = Game(env_id, seed, env_kwargs)
-    opening, history, messages = game.messages(), [], []
+    opening, history, messages = game.opening, [], []
     while not game.done and len(history) < 64:
         move = player(opening, history)
         game.move(move)
@@ -162,11 +164,12 @@ def _games(spec: TextArenaSpec, n: int, seed: int, split: str) -> list[dict[str,
     samples = []
     for index in range(n):
         game_seed = random.Random(f"textarena-{seed}-{split}-{index}").randrange(2**31)
-        opening = Game(spec.env_id, game_seed, spec.env_kwargs).messages()
+        game = Game(spec.env_id, game_seed, spec.env_kwargs)
         answer = {"env_id": spec.env_id, "seed": game_seed, "env_kwargs": spec.env_kwargs}
-        sample = {"id": f"ta-{split}-{index}", "question": opening, "answer": json.dumps(answer)}
+        sample = {"id": f"ta-{split}-{index}", "question": game.opening,
+                  "answer": json.dumps(answer)}  # fmt: skip
         if split == "train":
-            sample["sft_messages"] = scripted_game(spec.env_id, game_seed, spec.env_kwargs)
+            sample["sft_messages"] = scripted_game(game)
         samples.append(sample)
     return samples
 

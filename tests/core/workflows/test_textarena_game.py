@@ -3,16 +3,19 @@ the game's reward through the OpenAI-shaped client, bad specs, and an end-to-end
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from core.config import ConfigError, load_config
 from core.data.sources import resolve_source
 from core.runtime.job import run_experiment
-from core.workflows.textarena_game import Game, guess_by_halving, scripted_game
+from core.workflows.openai_agent import AgentEpisode
+from core.workflows.textarena_game import Game, guess_by_halving, play, scripted_game
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "experiments" / "textarena.yaml"
@@ -58,7 +61,7 @@ def test_a_game_keeps_its_randomness_to_itself() -> None:
     assert drawn == expected
     second = Game("GuessTheNumber-v0", 7, SETTINGS)
     assert first.env.state.game_state["game_number"] == second.env.state.game_state["game_number"]
-    assert not scripted_game("FrozenLake-v0", 1, {})  # no scripted player: no SFT game
+    assert not scripted_game(Game("FrozenLake-v0", 1, {}))  # no scripted player: no SFT game
 
 
 def test_a_game_that_does_not_end_scores_zero_and_says_why() -> None:
@@ -67,6 +70,37 @@ def test_a_game_that_does_not_end_scores_zero_and_says_why() -> None:
     assert not game.done
     assert game.result() == (0.0, "the game did not end within the turns allowed")
     assert "The target number is higher." in game.messages()
+
+
+class _HalvingModel:
+    """Stands in for the model behind ``episode.client``: answers each call by halving, and
+    keeps the conversations it was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[dict]] = []
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
+
+    async def create(self, messages: list[dict], **_: object) -> SimpleNamespace:
+        self.sent.append(list(messages))
+        history = [(m["content"], a["content"]) for m, a in zip(messages[1::2], messages[2::2])]
+        move = guess_by_halving(messages[0]["content"], history)
+        return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=move))])
+
+
+def test_the_agent_sees_the_conversation_sft_trained_on_and_gets_the_games_reward() -> None:
+    sample = _splits(4, n_train=1).train[0]
+    model = _HalvingModel()
+    opening = [{"role": "user", "content": sample["question"]}]
+    episode = AgentEpisode(client=model, sample=sample, messages=opening, max_turns=10)  # type: ignore[arg-type]
+    assert asyncio.run(play(episode)) == 1.0
+    # the turns before its last move are the SFT game's, the opening said once
+    assert model.sent[-1][1:] == sample["sft_messages"][:-1]
+    assert episode.info == {
+        "moves": len(model.sent),
+        "outcome": "Congratulations! You guessed the correct number.",
+    }
+    short = AgentEpisode(client=_HalvingModel(), sample=sample, messages=opening, max_turns=1)  # type: ignore[arg-type]
+    assert asyncio.run(play(short)) == (1.0 if len(model.sent) == 1 else 0.0)
 
 
 @pytest.mark.parametrize(
