@@ -42,6 +42,7 @@ from core.rollout.api import workflow_class
 from core.schema import bound_problems
 from core.storage import filesystem, storage_retry
 from core.workflows.textarena_game import spec_problems as textarena_problems
+from core.workflows.verifiers_env import spec_problems as verifiers_problems
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +201,11 @@ def validate(config: Config) -> None:
     if config.data.test_ratio >= 1:
         raise ConfigError(f"data.test_ratio={config.data.test_ratio} must be < 1")
     _check_humaneval(config)
-    spec_checks = {"reasoning_gym": reasoning_gym_problems, "textarena": textarena_problems}
+    spec_checks = {
+        "reasoning_gym": reasoning_gym_problems,
+        "textarena": textarena_problems,
+        "verifiers": verifiers_problems,
+    }
     if config.data.source in spec_checks:
         for problem in spec_checks[config.data.source](getattr(config.data, config.data.source)):
             raise ConfigError(problem)

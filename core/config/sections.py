@@ -17,6 +17,7 @@ from core.data.synthetic import SyntheticSpec
 from core.schema import documented
 from core.workflows.search_data import SearchSpec
 from core.workflows.textarena_game import TextArenaSpec
+from core.workflows.verifiers_env import VerifiersSpec
 
 
 class ConfigError(ValueError):
@@ -158,7 +159,9 @@ class DataConfig:
         "questions over a generated corpus, for the search agent), 'humaneval' (HumanEval's 164 "
         "problems, for core.rewards.humaneval), 'reasoning_gym' (reasoning-gym's procedural tasks, "
         "for core.rewards.reasoning_gym), 'textarena' (seeded games of a textarena single-player "
-        "game, for the agent core.workflows.textarena_game:play), 'gsm8k', 'dataset' (any "
+        "game, for the agent core.workflows.textarena_game:play), 'verifiers' (a verifiers "
+        "environment's rows, for the agent core.workflows.verifiers_env:play), 'gsm8k', "
+        "'dataset' (any "
         "tabular data: data.path and the column keys), or a 'module:function' path to a source "
         "registered with @data_source (core/data/sources.py).",
     )
@@ -255,6 +258,10 @@ class DataConfig:
     textarena: TextArenaSpec = documented(
         help="source=textarena: which textarena game, with which settings.",
         factory=TextArenaSpec,
+    )
+    verifiers: VerifiersSpec = documented(
+        help="source=verifiers: which verifiers environment, with which arguments.",
+        factory=VerifiersSpec,
     )
 
 

@@ -11,7 +11,8 @@ held-out questions removed from training. A problem becomes a sample::
      "answer": JSON {"task": <kind>, "entry": <the package's entry>} (what
      core.rewards.reasoning_gym scores with the kind's own verifier),
      "solution": the SFT target: ``<answer>N</answer>``, or for a task with a worked form
-                 (:data:`WORKED`) in a ``1 - direct_fraction`` share of training problems,
+                 (:data:`WORKED`, ``worked_tasks``) in a ``1 - direct_fraction`` share of
+                 training problems,
                  the working first: ``1 - 7 = -6, -6 - 8 = -14 <answer>-14</answer>``}
 
 The worked share is the recipe's lever, as ``data.synthetic.direct_fraction`` is the math
@@ -63,6 +64,11 @@ class ReasoningGymSpec:
         "Held-out problems are scored on the answer only.",
         ge=0,
         le=1,
+    )
+    worked_tasks: list[str] = documented(
+        help="The tasks whose training solutions may show the working (direct_fraction); the "
+        "others always answer directly. Each must have a worked form: chain_sum, leg_counting.",
+        factory=lambda: ["chain_sum", "leg_counting"],
     )
 
 
@@ -120,6 +126,10 @@ def spec_problems(spec: ReasoningGymSpec) -> list[str]:
             f"{field}.weights={weights} needs one weight >= 0 per task "
             f"({len(tasks)}: {tasks}), not all 0; or [] for equal weights"
         ]
+    unworked = [name for name in spec.worked_tasks if name not in WORKED]
+    if unworked:
+        return [f"{field}.worked_tasks: {unworked} have no worked form; those with one: "
+                f"{sorted(WORKED)}"]  # fmt: skip
     # settings for a task outside the mix are kept, unused (a recipe's knobs survive a
     # command line that picks other tasks); a name no task has is a typo
     stray = [name for name in spec.task_config if name not in known]
@@ -163,7 +173,8 @@ def _generate(spec: ReasoningGymSpec, size: int, seed: int, split: str) -> list[
         entry = json.loads(json.dumps(entry, default=str))  # plain JSON, as the cache stores it
         solution = f"<answer>{entry['answer']}</answer>"
         worked = style_rng.random() >= spec.direct_fraction
-        working = WORKED[task](entry) if split == "train" and worked and task in WORKED else ""
+        shows_working = split == "train" and worked and task in spec.worked_tasks
+        working = WORKED[task](entry) if shows_working else ""
         if working:  # a one-term sum has none
             solution = f"{working} {solution}"
         samples.append({

@@ -113,6 +113,13 @@ def test_direct_fraction_mixes_the_styles_and_changes_no_question() -> None:
     share = sum(s["solution"].startswith("<answer>") for s in half) / len(half)
     assert 0.4 < share < 0.6
     assert answers_directly(" <answer>3</answer>") and not answers_directly("1 + 2 = 3")
+    only_sums, _, _ = reasoning_gym_splits(
+        _spec(direct_fraction=0.0, worked_tasks=["chain_sum"]), 100, 10, seed=6
+    )
+    assert {s["task"] for s in only_sums if not s["solution"].startswith("<answer>")} == {
+        "chain_sum"
+    }
+    assert all(s["solution"].startswith("<answer>") for s in only_sums if s["task"] != "chain_sum")
 
 
 def test_another_task_on_the_command_line_leaves_the_recipes_settings_unused() -> None:
@@ -141,6 +148,7 @@ def test_the_source_is_registered_and_generated() -> None:
         ("data.reasoning_gym.task_config.chain_sum.min_terms=0", r"task_config.chain_sum: min_terms must be positive"),
         ("data.reasoning_gym.task_config.chain_sum.seed=3", r"task_config.chain_sum: \['seed'\] come from data.seed"),
         ("data.reasoning_gym.direct_fraction=1.5", r"data.reasoning_gym.direct_fraction must be in \[0, 1\], got 1.5"),
+        ("data.reasoning_gym.worked_tasks=[spell_backward]", r"worked_tasks: \['spell_backward'\] have no worked form; those with one: \['chain_sum', 'leg_counting'\]"),
         ("data.reasoning_gym.task_config.chain_sum=5", r"task_config.chain_sum=5 must map chain_sum's config keys"),
         ("data.reasoning_gym.task_config.spell_backwards.min_word_len=2", r"task_config names unknown task\(s\) \['spell_backwards'\]; available: .*'spell_backward'"),
         ("data.reasoning_gym.task_config.spell_backward.min_word_len=-2", r"task_config.spell_backward: "),
