@@ -199,5 +199,7 @@ async def play(episode: AgentEpisode) -> float:
         if not game.done:
             messages.append({"role": "user", "content": game.messages()})
     reward, reason = game.result()
-    episode.info.update(moves=moves, outcome=reason)
+    replies = [m["content"] for m in messages if m["role"] == "assistant"]
+    # the last move: what the eval's examples read
+    episode.info.update(moves=moves, outcome=reason, completion=replies[-1] if replies else "")
     return reward

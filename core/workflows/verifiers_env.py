@@ -129,5 +129,8 @@ async def play(episode: AgentEpisode) -> float:
     score = await environment.rubric.score_rollout(
         row["prompt"], completion, row["answer"], state, row["task"], row["info"]
     )
-    episode.info.update(rubric=dict(score.metrics), turns=state.get("turn", 0))
+    replies = [m.get("content") or "" for m in completion if m.get("role") == "assistant"]
+    # the last reply: what the eval's examples and completion metrics read
+    episode.info.update(rubric=dict(score.metrics), turns=state.get("turn", 0),
+                        completion=replies[-1] if replies else "")  # fmt: skip
     return float(score.reward)

@@ -98,6 +98,7 @@ def test_the_agent_sees_the_conversation_sft_trained_on_and_gets_the_games_rewar
     assert episode.info == {
         "moves": len(model.sent),
         "outcome": "Congratulations! You guessed the correct number.",
+        "completion": sample["sft_messages"][-1]["content"],  # the winning guess
     }
     short = AgentEpisode(client=_HalvingModel(), sample=sample, messages=opening, max_turns=1)  # type: ignore[arg-type]
     assert asyncio.run(play(short)) == (1.0 if len(model.sent) == 1 else 0.0)
@@ -131,3 +132,7 @@ def test_an_agent_plays_the_game_end_to_end_and_the_game_scores_it(tmp_path: Pat
     rewards = [r for b in batches for group in b["rewards"] for r in group]
     assert len(rewards) == 2 * 2 * 2 and all(0.0 <= r <= 1.0 for r in rewards)
     assert [e["n"] for e in summary["evals"]] == [4, 4]
+    # the log-probs the engine recorded through the agent's client are the learner's (fp32)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = next(m for m in metrics if "mismatch/tokens" in m)
+    assert first["mismatch/tokens"] > 0 and first["mismatch/abs_max"] < 1e-3, first

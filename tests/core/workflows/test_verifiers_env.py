@@ -71,7 +71,7 @@ def test_the_environments_rollout_runs_through_the_client_and_its_rubric_scores_
     episode = _episode(sample, right)
     assert asyncio.run(play(episode)) == 1.0
     assert len(right.sent) == turns and episode.info == {
-        "rubric": {"correct_answer": 1.0}, "turns": turns
+        "rubric": {"correct_answer": 1.0}, "turns": turns, "completion": right.reply
     }  # fmt: skip
     assert right.sent[0] == json.loads(sample["answer"])["prompt"]
     if turns == 2:
@@ -109,3 +109,7 @@ def test_a_multi_turn_verifiers_environment_trains_end_to_end(tmp_path: Path) ->
     rewards = [r for b in batches for group in b["rewards"] for r in group]
     assert len(rewards) == 2 * 2 * 2 and all(r in (0.0, 1.0) for r in rewards)
     assert [e["n"] for e in summary["evals"]] == [4, 4]
+    # the log-probs the engine recorded through the agent's client are the learner's (fp32)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = next(m for m in metrics if "mismatch/tokens" in m)
+    assert first["mismatch/tokens"] > 0 and first["mismatch/abs_max"] < 1e-3, first
