@@ -34,15 +34,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from core.algorithms.config import PRESETS
 from core.config.sections import ClusterConfig, Config, ConfigError, ModelConfig
-from core.data.reasoning_gym import spec_problems as reasoning_gym_problems
 from core.data.sources import resolve_source
 from core.data.templates import template_problems
 from core.rewards.registry import resolve_reward
 from core.rollout.api import workflow_class
 from core.schema import bound_problems
 from core.storage import filesystem, storage_retry
-from core.workflows.textarena_game import spec_problems as textarena_problems
-from core.workflows.verifiers_env import spec_problems as verifiers_problems
 
 logger = logging.getLogger(__name__)
 
@@ -201,14 +198,8 @@ def validate(config: Config) -> None:
     if config.data.test_ratio >= 1:
         raise ConfigError(f"data.test_ratio={config.data.test_ratio} must be < 1")
     _check_humaneval(config)
-    spec_checks = {
-        "reasoning_gym": reasoning_gym_problems,
-        "textarena": textarena_problems,
-        "verifiers": verifiers_problems,
-    }
-    if config.data.source in spec_checks:
-        for problem in spec_checks[config.data.source](getattr(config.data, config.data.source)):
-            raise ConfigError(problem)
+    for problem in source.check(config.data) if source.check else []:
+        raise ConfigError(problem)
     if config.eval.n_samples > 0 and not config.eval.temperature > 0:
         raise ConfigError(f"eval.temperature must be > 0 to sample, got {config.eval.temperature}")
     if config.rollout.temperature < 0:

@@ -26,6 +26,7 @@ from core.data.code_synthetic import generate_code_splits
 from core.data.gsm8k import load_gsm8k
 from core.data.humaneval import humaneval_splits
 from core.data.reasoning_gym import reasoning_gym_splits
+from core.data.reasoning_gym import spec_problems as reasoning_gym_problems
 from core.data.synthetic import generate_splits
 from core.data.tabular import Columns, load_table, remove_test_questions, split_by_ratio, to_samples
 from core.plugins import Registry
@@ -46,6 +47,7 @@ class Splits:
 # type is not imported here).
 DataSection = Any
 SourceFn = Callable[[DataSection, int], Splits]
+SourceCheck = Callable[[DataSection], list[str]]  # problems, each naming its field ([] = none)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class DataSource:
     name: str
     fn: SourceFn
     generated: bool  # makes its problems from the seed: needs data.n_test > 0
+    check: SourceCheck | None = None  # what is wrong with its settings, before any work
 
 
 REGISTRY: Registry[DataSource] = Registry(
@@ -63,11 +66,14 @@ REGISTRY: Registry[DataSource] = Registry(
 SOURCES = REGISTRY.entries
 
 
-def data_source(name: str, *, generated: bool = False) -> Callable[[SourceFn], SourceFn]:
-    """Register ``fn`` as the data source ``name`` (a second function under a taken name fails)."""
+def data_source(
+    name: str, *, generated: bool = False, check: SourceCheck | None = None
+) -> Callable[[SourceFn], SourceFn]:
+    """Register ``fn`` as the data source ``name`` (a second function under a taken name fails);
+    ``check(data)`` lists what is wrong with the source's settings, run when the config loads."""
 
     def register(fn: SourceFn) -> SourceFn:
-        REGISTRY.add(DataSource(name, fn, generated=generated))
+        REGISTRY.add(DataSource(name, fn, generated=generated, check=check))
         return fn
 
     return register
@@ -91,7 +97,9 @@ def code_synthetic(data: DataSection, seed: int) -> Splits:
     return Splits(*generate_code_splits(data.code_synthetic, data.n_train, data.n_test, seed))
 
 
-@data_source("reasoning_gym", generated=True)
+@data_source(
+    "reasoning_gym", generated=True, check=lambda data: reasoning_gym_problems(data.reasoning_gym)
+)
 def reasoning_gym(data: DataSection, seed: int) -> Splits:
     """reasoning-gym's procedural tasks (``data.reasoning_gym``), scored by their own verifiers;
     training questions that are also held out are dropped."""

@@ -174,7 +174,7 @@ def _games(spec: TextArenaSpec, n: int, seed: int, split: str) -> list[dict[str,
     return samples
 
 
-@data_source("textarena", generated=True)
+@data_source("textarena", generated=True, check=lambda data: spec_problems(data.textarena))
 def textarena_games(data: DataSection, seed: int) -> Splits:
     """Seeded games of ``data.textarena.env_id``: ``n_train`` to train on, ``n_test`` held out."""
     spec: TextArenaSpec = data.textarena  # type: ignore[attr-defined]

@@ -93,7 +93,7 @@ def _rows(dataset: Any, n: int, env: str, env_args: dict[str, Any], split: str) 
     return samples
 
 
-@data_source("verifiers")
+@data_source("verifiers", check=lambda data: spec_problems(data.verifiers))
 def verifiers_rows(data: DataSection, seed: int) -> Splits:
     """The environment's own rows: ``dataset`` to train on, ``eval_dataset`` held out (or the
     last ``n_test`` rows of ``dataset`` when it has none); ``n_train``/``n_test`` cap them."""

@@ -29,6 +29,12 @@ def doubling(data, seed):
 
 def undecorated(data, seed):
     return Splits([], [])
+
+
+@data_source("even_only", generated=True,
+             check=lambda data: [] if data.n_train % 2 == 0 else [f"data.n_train={data.n_train} must be even"])
+def even_only(data, seed):
+    return doubling(data, seed)
 """
 
 
@@ -39,6 +45,7 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     yield "my_sources"
     sys.modules.pop("my_sources", None)
     SOURCES.pop("doubling", None)
+    SOURCES.pop("even_only", None)
 
 
 def test_the_built_ins_are_registered() -> None:
@@ -86,6 +93,13 @@ def test_a_wrong_source_fails_at_load_naming_the_field(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(QUICKSTART, [f"data.source={name}"])
+
+
+def test_a_sources_own_check_runs_when_the_config_loads(user_module: str) -> None:
+    source = [f"data.source={user_module}:even_only", "data.n_test=2"]
+    with pytest.raises(ConfigError, match="data.n_train=5 must be even"):
+        load_config(QUICKSTART, [*source, "data.n_train=5"])
+    assert load_config(QUICKSTART, [*source, "data.n_train=6"]).data.n_train == 6
 
 
 def test_a_taken_name_cannot_be_registered_twice() -> None:
