@@ -391,3 +391,15 @@ def test_yaml_11_words_stay_text_in_text_fields() -> None:
     )
     assert (cfg.experiment.trial, cfg.data.system_prompt) == ("off", "yes")
     assert cfg.tracking.tensorboard is False
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("preset", ["grpo", "ppo", "dapo"])
+def test_every_recipe_loads_under_the_presets_an_ablation_compares(preset: str) -> None:
+    """``asyncrl ablate`` runs a recipe under each preset: a DAPO overlong buffer longer than the
+    recipe's responses (the preset's 4,096 against 48 tokens) used to fail only there."""
+    recipes = sorted((ROOT / "experiments").glob("*.yaml"))
+    assert len(recipes) >= 10
+    for recipe in recipes:
+        cfg = load_config(recipe, [f"algorithm={preset}"])
+        assert cfg.algorithm.name == preset, recipe.name
