@@ -16,6 +16,7 @@ from core.runtime.job import run_experiment
 from core.workflows.openai_agent import AgentEpisode
 from core.workflows.verifiers_env import play
 from core.workflows.verifiers_example import CHECK, SYSTEM_PROMPT
+from tests.core.workflows.helpers import two_trained_steps
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "experiments" / "verifiers.yaml"
@@ -103,13 +104,5 @@ def test_a_multi_turn_verifiers_environment_trains_end_to_end(tmp_path: Path) ->
         "experiment.trial=t",
     ]  # fmt: skip
     summary = run_experiment(load_config(RECIPE, overrides))
-    run_dir = tmp_path / "verifiers" / "t"
-    batches = [json.loads(line) for line in (run_dir / "batches.jsonl").read_text().splitlines()]
-    assert [b["step"] for b in batches] == [0, 1]
-    rewards = [r for b in batches for group in b["rewards"] for r in group]
-    assert len(rewards) == 2 * 2 * 2 and all(r in (0.0, 1.0) for r in rewards)
-    assert [e["n"] for e in summary["evals"]] == [4, 4]
-    # the log-probs the engine recorded through the agent's client are the learner's (fp32)
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    first = next(m for m in metrics if "mismatch/tokens" in m)
-    assert first["mismatch/tokens"] > 0 and first["mismatch/abs_max"] < 1e-3, first
+    rewards = two_trained_steps(tmp_path / "verifiers" / "t", summary, n_test=4)
+    assert all(r in (0.0, 1.0) for r in rewards)  # the rubric scores right or wrong
