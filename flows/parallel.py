@@ -333,8 +333,37 @@ def run_all(jobs: Sequence[VariantJob], parallel: int) -> list[dict[str, Any]]:
             logger.error("variant %s failed; stopping %s", job.name, others or "nothing else")
             pool.stop()
             cf.wait(futures)
+            _end_stopped_runs([j for j in jobs if j.name in others])
             raise future.exception()  # type: ignore[misc]
         return [f.result() for f in futures]
+
+
+def _end_stopped_runs(jobs: Sequence[VariantJob]) -> None:
+    """End as KILLED the MLflow runs that stopped variants left RUNNING.
+
+    A variant unwinds on SIGTERM and ends its own run, but it can die first (killed after the
+    grace period) or find the embedded sqlite store locked by a write it was interrupted in; its
+    process is gone now, so this one can end the run for it.
+    """
+    from mlflow.tracking import MlflowClient
+
+    from tasks.mlflow_tracking import ensure_experiment, tracking_uri
+
+    for job in jobs:
+        try:
+            client = MlflowClient(tracking_uri=tracking_uri(job.config))
+            left = client.search_runs(
+                [ensure_experiment(job.config)],
+                filter_string=f"tags.mlflow.runName = '{job.run_name}' "
+                f"and attributes.status = 'RUNNING'",
+            )
+            for run in left:
+                if run.data.tags.get("mlflow.parentRunId") == job.parent_run_id:
+                    client.set_terminated(run.info.run_id, "KILLED")
+                    logger.warning("ended variant %s's MLflow run %s as KILLED", job.name,
+                                   run.info.run_id)  # fmt: skip
+        except Exception:  # the variant's own error is the one to raise
+            logger.exception("could not end variant %s's MLflow run", job.name)
 
 
 def _failed(future: cf.Future) -> bool:

@@ -18,6 +18,7 @@ from core.config import ConfigError, load_config, parse_config
 from flows.cli import app
 from flows.parallel import (
     VariantJob,
+    _end_stopped_runs,
     available_cores,
     parse_parallel,
     resolve_parallelism,
@@ -233,6 +234,25 @@ def test_a_failing_variant_stops_the_others(tmp_path: Path) -> None:
     statuses = {r.info.run_name: r.info.status for r in client.search_runs([experiment_id])}
     assert statuses["bad"] == "FAILED"
     assert statuses.get("long", "never started") != "RUNNING"
+
+
+def test_a_stopped_variants_run_left_running_is_ended_as_killed(tmp_path: Path) -> None:
+    """A variant can die before it ends its own run (killed after the grace period, or its
+    sqlite store locked mid-write, as CI saw once): run_all ends it for it, and only it."""
+    config = _config(*TINY, f"cluster.fileroot={tmp_path}", "experiment.trial=long")
+    client = client_for(tmp_path)
+    experiment_id = ensure_experiment(config)
+    parent = client.create_run(experiment_id, run_name="parent").info.run_id
+    other_parent = client.create_run(experiment_id, run_name="other").info.run_id
+
+    def child(parent_id: str) -> str:
+        tags = {"mlflow.parentRunId": parent_id, "mlflow.runName": "long"}
+        return client.create_run(experiment_id, run_name="long", tags=tags).info.run_id
+
+    stopped, unrelated = child(parent), child(other_parent)
+    _end_stopped_runs([VariantJob("long", config, parent, "long", "long")])
+    assert client.get_run(stopped).info.status == "KILLED"
+    assert client.get_run(unrelated).info.status == "RUNNING"  # another parent's variant
 
 
 def _is_ours(process) -> bool:
