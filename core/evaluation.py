@@ -24,7 +24,7 @@ from typing import Any
 from core.config import Config
 from core.inference.api import InferenceEngine
 from core.rewards.registry import CompletionMetric, completion_metrics
-from core.rollout.api import Workflow, derive_seed, episode_rows
+from core.rollout.api import Workflow, derive_seed, episode_metrics, episode_rows
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +112,8 @@ async def evaluate_workflow(
     slots = asyncio.Semaphore(max_concurrent)
 
     tool_calls: list[int] = []  # per episode, where the workflow counts them (agents)
+    reported: list[dict[str, Any]] = []  # each episode's metadata (for its "metric/..." keys)
+    scored: list[str] = []  # completions rollout.reward_fn scored: its completion metrics' input
     timed_out = 0
 
     async def run(flow: Workflow, sample: dict[str, Any]) -> list | None:
@@ -130,10 +132,14 @@ async def evaluate_workflow(
         if on_sample is not None:
             on_sample(1)
         if rows is None:  # a rejected episode scores nothing
+            scored.append("")
             return 0.0, "", 0
         if "tool_calls" in rows[-1].metadata:
             tool_calls.append(int(rows[-1].metadata["tool_calls"]))
+        reported.append(rows[-1].metadata)
         completion = rows[-1].metadata.get("completion", "")
+        if rows[-1].metadata.get("scored_by") != "agent":  # an agent's own reward: not its text
+            scored.append(completion)
         return rows[0].reward, completion, sum(t.n_generated for t in rows)
 
     results = await asyncio.gather(*(one(s) for s in samples))
@@ -157,11 +163,13 @@ async def evaluate_workflow(
         mean_new_tokens=sum(tokens for _, _, tokens in results) / n,
         metrics={
             **{
-                name: sum(float(metric(text)) for _, text, _ in results) / n
+                name: sum(float(metric(text)) for text in scored) / len(scored)
                 for name, metric in (metrics or {}).items()
+                if scored
             },
             # the share of episodes that called a tool at least once (agents that count calls)
             **({"tool_call_share": sum(c > 0 for c in tool_calls) / n} if tool_calls else {}),
+            **episode_metrics(reported),
             **_accuracy_by_task(samples, [reward for reward, _, _ in results]),
         },
         sampled=sampled,

@@ -16,6 +16,7 @@ from core.data.reasoning_gym import ReasoningGymSpec
 from core.data.synthetic import SyntheticSpec
 from core.schema import documented
 from core.workflows.search_data import SearchSpec
+from core.workflows.support_data import SupportSpec
 from core.workflows.textarena_game import TextArenaSpec
 from core.workflows.verifiers_env import VerifiersSpec
 
@@ -160,7 +161,9 @@ class DataConfig:
         "problems, for core.rewards.humaneval), 'reasoning_gym' (reasoning-gym's procedural tasks, "
         "for core.rewards.reasoning_gym), 'textarena' (seeded games of a textarena single-player "
         "game, for the agent core.workflows.textarena_game:play), 'verifiers' (a verifiers "
-        "environment's rows, for the agent core.workflows.verifiers_env:play), 'gsm8k', "
+        "environment's rows, for the agent core.workflows.verifiers_env:play), 'customer_service' "
+        "(simulated customers with a hidden goal and their orders, for the agent "
+        "core.workflows.support_agent:serve), 'gsm8k', "
         "'dataset' (any "
         "tabular data: data.path and the column keys), or a 'module:function' path to a source "
         "registered with @data_source (core/data/sources.py).",
@@ -262,6 +265,11 @@ class DataConfig:
     verifiers: VerifiersSpec = documented(
         help="source=verifiers: which verifiers environment, with which arguments.",
         factory=VerifiersSpec,
+    )
+    customer_service: SupportSpec = documented(
+        help="source=customer_service: the simulated customers' goals and orders, and the "
+        "SFT conversations' mix.",
+        factory=SupportSpec,
     )
 
 

@@ -1,8 +1,8 @@
 """Data sources by name: ``data.source`` picks the function that makes a run's problems.
 
 A source is a function ``(data config, seed) -> Splits`` registered with :func:`data_source`:
-generated ones (``synthetic``, ``code_synthetic``, ``reasoning_gym``; ``search_synthetic`` and
-``textarena`` registered in core/workflows/ beside their environments) and loaded ones
+generated ones (``synthetic``, ``code_synthetic``, ``reasoning_gym``; ``search_synthetic``,
+``textarena`` and ``customer_service`` registered in core/workflows/ beside their environments) and loaded ones
 (``gsm8k``, ``humaneval``, ``dataset``).
 ``data.source`` also takes a ``"module.sub:function"`` path to a source of the user's own::
 

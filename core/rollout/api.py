@@ -10,6 +10,7 @@ groups to the learner.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -162,3 +163,14 @@ def workflow_class(path: str) -> Any:
     if not callable(getattr(cls, "from_config", None)):
         raise ValueError(f"workflow {path!r} has no from_config(config, tokenizer) to build it")
     return cls
+
+
+def episode_metrics(metadata: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The mean of each ``metric/<name>`` number the episodes report (an agent's
+    ``episode.info``), as ``<name>``, over the episodes that report it."""
+    values: dict[str, list[float]] = {}
+    for row in metadata:
+        for key, value in row.items():
+            if key.startswith("metric/") and isinstance(value, int | float):
+                values.setdefault(key.removeprefix("metric/"), []).append(float(value))
+    return {name: sum(v) / len(v) for name, v in sorted(values.items())}

@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from core.rollout.api import Group
+from core.rollout.api import Group, episode_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -173,18 +173,24 @@ class FanOut:
 def agent_metrics(groups: Sequence[Group]) -> dict[str, float]:
     """``agent/tool_call_share`` (episodes that called a tool at least once) and
     ``agent/tool_calls_mean`` over the batch's episodes, where the workflow counts tool calls
-    (``tool_calls`` in the trajectory metadata: the OpenAI-shaped agents' tool loop)."""
+    (``tool_calls`` in the trajectory metadata: the OpenAI-shaped agents' tool loop), and
+    ``agent/<name>``: the mean of each ``metric/<name>`` the episodes report."""
+    reported = episode_metrics(
+        [g.trajectories[rows[-1]].metadata for g in groups for rows in _episode_rows(g)]
+    )
     calls = [
         int(g.trajectories[rows[-1]].metadata["tool_calls"])
         for g in groups
         for rows in _episode_rows(g)
         if "tool_calls" in g.trajectories[rows[-1]].metadata
     ]
+    shares = {f"agent/{name}": value for name, value in reported.items()}
     if not calls:
-        return {}
+        return shares
     return {
         "agent/tool_call_share": sum(c > 0 for c in calls) / len(calls),
         "agent/tool_calls_mean": sum(calls) / len(calls),
+        **shares,
     }
 
 

@@ -131,7 +131,8 @@ class OpenAIAgentWorkflow:
         if isinstance(result, str):
             reward = await self.score(result, sample["answer"])
             episode.info.setdefault("completion", result)
-        else:
+        else:  # the agent scored it: rollout.reward_fn (and its eval metrics) had no say
             reward = float(result)
+            episode.info.setdefault("scored_by", "agent")
         info = {"episode_seconds": time.monotonic() - started, **episode.info}
         return client.trajectories(reward, self.per_turn, **info)

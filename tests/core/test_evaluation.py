@@ -124,3 +124,41 @@ def test_a_mix_of_tasks_reports_accuracy_per_task() -> None:
     untagged = asyncio.run(evaluate_workflow(None, _RightOnEven(), samples[8:], max_new_tokens=4,
                                              max_concurrent=4))  # fmt: skip
     assert untagged.metrics == {}
+
+
+class _Agent:
+    """An agent-like workflow: reports ``metric/looked`` on questions 0-2, scores itself on
+    even questions (``scored_by``) and leaves odd ones to the reward function."""
+
+    sampling = SamplingParams(max_new_tokens=4)
+
+    async def run_episode(self, engine, sample: dict) -> Trajectory:
+        i = int(sample["question"])
+        metadata = {
+            "completion": f"answer {i}",
+            **({"metric/looked": float(i == 0)} if i < 3 else {}),
+        }
+        if i % 2 == 0:
+            metadata["scored_by"] = "agent"
+        return Trajectory(input_ids=[1, 2], loss_mask=[0, 1], logprobs=[0.0, -0.1],
+                          versions=[-1, 0], reward=1.0, prompt_len=1, metadata=metadata)  # fmt: skip
+
+
+@pytest.mark.unit
+def test_episode_metrics_are_averaged_and_reward_metrics_read_only_what_the_reward_scored() -> None:
+    samples = [{"question": str(i), "answer": ""} for i in range(6)]
+    seen: list[str] = []
+
+    def length(text: str) -> float:
+        seen.append(text)
+        return float(len(text))
+
+    result = asyncio.run(evaluate_workflow(None, _Agent(), samples, max_new_tokens=4,
+                                           max_concurrent=2, metrics={"length": length}))  # fmt: skip
+    # metric/looked over the three episodes that report it; the completion metric over the
+    # three odd ones, which the reward function scored
+    assert result.metrics == {"looked": pytest.approx(1 / 3), "length": 8.0}
+    assert sorted(seen) == ["answer 1", "answer 3", "answer 5"]
+    evens = asyncio.run(evaluate_workflow(None, _Agent(), samples[::2], max_new_tokens=4,
+                                          max_concurrent=2, metrics={"length": length}))  # fmt: skip
+    assert "length" not in evens.metrics  # every episode scored itself: no reward metric

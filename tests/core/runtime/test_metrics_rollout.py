@@ -48,6 +48,14 @@ def test_agent_metrics_count_each_episode_once() -> None:
     group = Group.of_episodes("p", [[row(2), row(2)], [row(0)]], 0)
     assert agent_metrics([group]) == {"agent/tool_call_share": 0.5, "agent/tool_calls_mean": 1.0}
     assert agent_metrics([Group("q", [row(None)], 0)]) == {}  # a workflow that does not count
+    # an agent's own per-episode numbers (metric/<name>), each episode counted once
+    noted = [row(1), row(1)]
+    for r, met in zip(noted, (1.0, 1.0), strict=True):
+        r.metadata["metric/goal_met"] = met
+    done = Group.of_episodes("r", [noted, [row(0)]], 0)
+    done.trajectories[-1].metadata["metric/goal_met"] = 0.0
+    assert agent_metrics([done]) == {"agent/tool_call_share": 0.5, "agent/tool_calls_mean": 0.5,
+                                     "agent/goal_met": 0.5}  # fmt: skip
 
 
 def test_step_metrics_count_episodes_tokens_and_staleness() -> None:
