@@ -80,3 +80,14 @@ def error_message(error: str) -> dict[str, Any]:
     """The message that answers a malformed call: a tool turn with the error, so the model sees
     why its call did not run (chat templates render it like any tool result)."""
     return {"role": "tool", "content": f"error: {error}"}
+
+
+def tool_arguments(name: str, arguments: str | None) -> dict[str, Any] | str:
+    """A call's JSON arguments as a dict, or the error result to answer a malformed call with."""
+    try:
+        parsed = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        return f"error: {name} arguments are not JSON: {arguments!r:.200}"
+    if not isinstance(parsed, dict):
+        return f"error: {name} arguments must be an object"
+    return parsed

@@ -6,9 +6,8 @@ Run it with ``rollout.workflow=core.workflows.openai_agent:OpenAIAgentWorkflow``
 
 from __future__ import annotations
 
-import json
-
 from core.data.synthetic import CALCULATOR_TOOL
+from core.inference.tool_calls import tool_arguments
 from core.workflows.openai_agent import AgentEpisode
 from core.workflows.tool_loop import tool_loop
 from core.workflows.tools import calculator
@@ -20,12 +19,9 @@ def run_calculator(name: str, arguments: str | None) -> str:
     """One tool call's result (errors are results, not raises)."""
     if name != "calc":
         return f"error: unknown tool {name!r}; the tool is calc"
-    try:
-        parsed = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
-        return "error: calc arguments are not JSON"
-    if not isinstance(parsed, dict):
-        return "error: calc arguments must be an object"
+    parsed = tool_arguments(name, arguments)
+    if isinstance(parsed, str):
+        return parsed
     return calculator(str(parsed.get("expression", "")))
 
 

@@ -23,10 +23,11 @@ and Beyond", 2009) is built once per process per ``(seed, size)`` (:func:`search
 from __future__ import annotations
 
 import functools
-import json
 import random
 from dataclasses import dataclass, field
 from typing import Any
+
+from core.inference.tool_calls import tool_arguments
 
 _SYLLABLES = (
     "ka", "lo", "mir", "tan", "vel", "dra", "sen", "or", "bel", "qui", "zan", "rho", "fen",
@@ -238,12 +239,9 @@ TOOLS = [SEARCH, OPEN]
 
 def run_tool(index: SearchIndex, name: str, arguments: str | None) -> str:
     """One tool call's result text, from its name and JSON arguments (errors are results)."""
-    try:
-        parsed = json.loads(arguments or "{}")
-    except json.JSONDecodeError:
-        return f"error: {name} arguments are not JSON: {arguments!r:.200}"
-    if not isinstance(parsed, dict):
-        return f"error: {name} arguments must be an object"
+    parsed = tool_arguments(name, arguments)
+    if isinstance(parsed, str):
+        return parsed
     if name == "search":
         return index.search(parsed.get("query"))
     if name == "open":

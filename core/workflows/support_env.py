@@ -38,6 +38,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.inference.tool_calls import tool_arguments
+
 GOALS = ("status", "refund", "address")
 STATUSES = ("processing", "shipped", "delivered")  # "refunded" only after a refund
 ELIGIBLE = {"refund": "delivered", "address": "processing"}  # the status the policy allows
@@ -119,12 +121,9 @@ class Desk:
 
     def run_tool(self, name: str, arguments: str | None) -> str:
         """One tool call's result; a malformed call gets an error result."""
-        try:
-            parsed = json.loads(arguments or "{}")
-        except json.JSONDecodeError:
-            return f"error: {name} arguments are not JSON"
-        if not isinstance(parsed, dict):
-            return f"error: {name} arguments must be an object"
+        parsed = tool_arguments(name, arguments)
+        if isinstance(parsed, str):
+            return parsed
         self.calls.append(name)
         order_id = str(parsed.get("order_id", ""))
         order = self.orders.get(order_id)

@@ -13,10 +13,9 @@ import pytest
 
 from core.config import ConfigError, load_config
 from core.data.sources import resolve_source
-from core.runtime.job import run_experiment
 from core.workflows.openai_agent import AgentEpisode
 from core.workflows.textarena_game import Game, guess_by_halving, play, scripted_game
-from tests.core.workflows.helpers import two_trained_steps
+from tests.core.workflows.helpers import two_step_run, two_trained_steps
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "experiments" / "textarena.yaml"
@@ -121,10 +120,5 @@ def test_a_bad_game_fails_when_the_config_loads_naming_the_field(
 
 @pytest.mark.e2e
 def test_an_agent_plays_the_game_end_to_end_and_the_game_scores_it(tmp_path: Path) -> None:
-    overrides = [
-        "data.n_train=32", "data.n_test=4", "sft.steps=10", "rollout.batch_size=2",
-        "algorithm.group_size=2", "learner.total_steps=2", "eval.every_n_steps=0",
-        f"cluster.fileroot={tmp_path}", "experiment.trial=t",
-    ]  # fmt: skip
-    summary = run_experiment(load_config(RECIPE, overrides))
-    two_trained_steps(tmp_path / "textarena" / "t", summary, n_test=4)
+    run_dir, summary = two_step_run(RECIPE, tmp_path)
+    two_trained_steps(run_dir, summary, n_test=4)

@@ -12,11 +12,10 @@ import pytest
 
 from core.config import ConfigError, load_config
 from core.data.sources import resolve_source
-from core.runtime.job import run_experiment
 from core.workflows.openai_agent import AgentEpisode
 from core.workflows.verifiers_env import play
 from core.workflows.verifiers_example import CHECK, SYSTEM_PROMPT
-from tests.core.workflows.helpers import two_trained_steps
+from tests.core.workflows.helpers import two_step_run, two_trained_steps
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "experiments" / "verifiers.yaml"
@@ -97,12 +96,8 @@ def test_a_bad_environment_fails_when_the_config_loads_naming_the_field(
 
 @pytest.mark.e2e
 def test_a_multi_turn_verifiers_environment_trains_end_to_end(tmp_path: Path) -> None:
-    overrides = [
-        *SMALL_ENV, "data.verifiers.env_args.turns=2", "data.n_train=40", "data.n_test=4",
-        "sft.steps=10", "rollout.batch_size=2", "algorithm.group_size=2",
-        "learner.total_steps=2", "eval.every_n_steps=0", f"cluster.fileroot={tmp_path}",
-        "experiment.trial=t",
-    ]  # fmt: skip
-    summary = run_experiment(load_config(RECIPE, overrides))
-    rewards = two_trained_steps(tmp_path / "verifiers" / "t", summary, n_test=4)
+    run_dir, summary = two_step_run(
+        RECIPE, tmp_path, *SMALL_ENV, "data.verifiers.env_args.turns=2", "data.n_train=40"
+    )
+    rewards = two_trained_steps(run_dir, summary, n_test=4)
     assert all(r in (0.0, 1.0) for r in rewards)  # the rubric scores right or wrong
