@@ -60,6 +60,7 @@ def test_the_built_ins_are_registered() -> None:
         "search_synthetic": True,  # registered beside its environment, core/workflows
         "textarena": True,  # the same
         "verifiers": False,  # the same; an environment's own rows
+        "customer_service": True,  # the same
     }
 
 
