@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.inference.tool_calls import error_message
 from core.workflows.latency import ToolClock, episode_seed
 from core.workflows.openai_agent import AgentEpisode
 from core.workflows.support_env import TOOLS, Customer, Desk
+from core.workflows.tool_loop import tool_counts, tool_turns
 
 
 async def serve(episode: AgentEpisode) -> float:
@@ -28,21 +28,16 @@ async def serve(episode: AgentEpisode) -> float:
     customer = Customer(desk)
     clock = ToolClock(episode.tool_latency, episode_seed(episode.sample))
     messages: list[Any] = list(episode.messages)
-    tools = (
-        episode.sample.get("tools", TOOLS) or None
-    )  # [] with data.customer_service.show_tools=false
+    # [] with data.customer_service.show_tools=false
+    tools = episode.sample.get("tools", TOOLS) or None
     said = ""
     for _ in range(episode.max_turns):
         reply = await episode.client.chat.completions.create(messages=messages, tools=tools)
         message = reply.choices[0].message
         messages.append(message)
-        errors = (message.model_extra or {}).get("tool_call_errors") or []
-        if message.tool_calls or errors:
-            for call in message.tool_calls or []:
-                name, arguments = call.function.name, call.function.arguments
-                result = await clock.call(name, lambda n=name, a=arguments: desk.run_tool(n, a))
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-            messages += [error_message(e) for e in errors]
+        turns = await tool_turns(message, clock, desk.run_tool)
+        if turns:
+            messages += turns
             continue
         said = message.content or ""
         answer = customer.answer(said)
@@ -50,7 +45,7 @@ async def serve(episode: AgentEpisode) -> float:
             break
         messages.append({"role": "user", "content": answer})
     episode.info.update(
-        tool_calls=clock.n_calls, tool_timeouts=clock.n_timeouts, tool_wait_s=clock.waited_s,
+        **tool_counts(clock),
         completion=said, outcome="; ".join(desk.forbidden) or ("met" if customer.satisfied else "unmet"),
         **{"metric/goal_met": float(customer.satisfied),
            "metric/forbidden": float(bool(desk.forbidden)),

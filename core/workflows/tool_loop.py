@@ -18,6 +18,24 @@ from core.workflows.openai_agent import AgentEpisode
 RunTool = Callable[[str, str | None], str]  # (name, JSON arguments) -> the result text
 
 
+async def tool_turns(message: Any, clock: ToolClock, run_tool: RunTool) -> list[dict[str, Any]]:
+    """The turns answering a reply's tool calls: each call's result (run through ``clock``), then
+    an error turn per malformed call; [] for a reply that made no call."""
+    turns = []
+    for call in message.tool_calls or []:
+        name, arguments = call.function.name, call.function.arguments
+        content = await clock.call(name, lambda n=name, a=arguments: run_tool(n, a))
+        turns.append({"role": "tool", "tool_call_id": call.id, "content": content})
+    errors = (message.model_extra or {}).get("tool_call_errors") or []
+    return turns + [error_message(e) for e in errors]
+
+
+def tool_counts(clock: ToolClock) -> dict[str, Any]:
+    """What an episode's info records of its tool calls."""
+    return {"tool_calls": clock.n_calls, "tool_timeouts": clock.n_timeouts,
+            "tool_wait_s": clock.waited_s}  # fmt: skip
+
+
 async def tool_loop(episode: AgentEpisode, tools: list[dict[str, Any]], run_tool: RunTool) -> str:
     """Run the loop above; tool counts and waiting time go to ``episode.info``."""
     clock = ToolClock(episode.tool_latency, episode_seed(episode.sample))
@@ -28,15 +46,9 @@ async def tool_loop(episode: AgentEpisode, tools: list[dict[str, Any]], run_tool
         message = reply.choices[0].message
         messages.append(message)
         answer = message.content or ""
-        errors = (message.model_extra or {}).get("tool_call_errors") or []
-        if not message.tool_calls and not errors:
+        turns = await tool_turns(message, clock, run_tool)
+        if not turns:
             break
-        for call in message.tool_calls or []:
-            name, arguments = call.function.name, call.function.arguments
-            content = await clock.call(name, lambda n=name, a=arguments: run_tool(n, a))
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
-        messages += [error_message(e) for e in errors]
-    episode.info.update(
-        tool_calls=clock.n_calls, tool_timeouts=clock.n_timeouts, tool_wait_s=clock.waited_s
-    )
+        messages += turns
+    episode.info.update(tool_counts(clock))
     return answer
