@@ -175,22 +175,15 @@ def agent_metrics(groups: Sequence[Group]) -> dict[str, float]:
     ``agent/tool_calls_mean`` over the batch's episodes, where the workflow counts tool calls
     (``tool_calls`` in the trajectory metadata: the OpenAI-shaped agents' tool loop), and
     ``agent/<name>``: the mean of each ``metric/<name>`` the episodes report."""
-    reported = episode_metrics(
-        [g.trajectories[rows[-1]].metadata for g in groups for rows in _episode_rows(g)]
-    )
-    calls = [
-        int(g.trajectories[rows[-1]].metadata["tool_calls"])
-        for g in groups
-        for rows in _episode_rows(g)
-        if "tool_calls" in g.trajectories[rows[-1]].metadata
-    ]
-    shares = {f"agent/{name}": value for name, value in reported.items()}
+    last = [g.trajectories[rows[-1]].metadata for g in groups for rows in _episode_rows(g)]
+    reported = {f"agent/{name}": value for name, value in episode_metrics(last).items()}
+    calls = [int(meta["tool_calls"]) for meta in last if "tool_calls" in meta]
     if not calls:
-        return shares
+        return reported
     return {
         "agent/tool_call_share": sum(c > 0 for c in calls) / len(calls),
         "agent/tool_calls_mean": sum(calls) / len(calls),
-        **shares,
+        **reported,
     }
 
 
