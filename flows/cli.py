@@ -178,7 +178,7 @@ def run(
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
-    from core.runtime.job import starting_eval  # the job ran: nothing new to import
+    from core.runtime.job import starting_eval, trained_by  # the job ran: nothing new to import
 
     table = Table(title=f"{summary['experiment']} / {summary['trial']}")
     table.add_column("metric")
@@ -187,9 +187,13 @@ def _print_summary(summary: dict[str, Any]) -> None:
     def fmt(value: Any, spec: str = ".3f") -> str:
         return "—" if value is None else format(value, spec)
 
+    stage = trained_by(summary)
     table.add_row("held-out problems", str(summary["data"]["n_test"]))
-    table.add_row("accuracy before RL", fmt(summary.get("accuracy_before")))
-    table.add_row("accuracy after RL", fmt(summary.get("accuracy_after")))
+    table.add_row(f"accuracy before {stage}", fmt(summary.get("accuracy_before")))
+    table.add_row(f"accuracy after {stage}", fmt(summary.get("accuracy_after")))
+    if "preference_accuracy_before" in summary:
+        before, after = summary["preference_accuracy_before"], summary["preference_accuracy_after"]
+        table.add_row("preference accuracy before → after", f"{before:.3f} → {after:.3f}")
     evals = summary.get("evals") or []
     start = starting_eval(evals)
     for group in ("metrics", "sampled"):  # the task's own eval metrics; pass@k and mean@k

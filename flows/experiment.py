@@ -20,7 +20,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
 from core.config import Config, stamp_trial
-from core.runtime.job import Pipeline, StageProgress
+from core.runtime.job import Pipeline, StageProgress, trained_by
 from core.runtime.run_lock import lock_run
 from core.runtime.tensorboard import tensorboard_dir
 from core.runtime.trainer import EvalCallback
@@ -44,8 +44,8 @@ def summary_markdown(summary: dict[str, Any], run_id: str, url: str | None = Non
         ("algorithm", summary["algorithm"]),
         ("staleness bound η", summary["max_staleness"]),
         ("held-out problems", summary["data"]["n_test"]),
-        ("accuracy before RL", summary.get("accuracy_before")),
-        ("accuracy after RL", summary.get("accuracy_after")),
+        (f"accuracy before {trained_by(summary)}", summary.get("accuracy_before")),
+        (f"accuracy after {trained_by(summary)}", summary.get("accuracy_after")),
         ("RL steps", summary.get("steps")),
         ("samples/s", summary.get("samples_per_s")),
         ("learner busy fraction", summary.get("learner_busy_fraction")),
@@ -58,6 +58,11 @@ def summary_markdown(summary: dict[str, Any], run_id: str, url: str | None = Non
         ("checkpoints", summary.get("checkpoint_url")),
         ("run folder", summary["run_dir"]),
     ]
+    if "preference_accuracy_before" in summary:  # a DPO stage ran
+        rows[5:5] = [
+            ("preference accuracy before", summary["preference_accuracy_before"]),
+            ("preference accuracy after", summary["preference_accuracy_after"]),
+        ]
     lines = [f"# {summary['experiment']} / {summary['trial']}", "", "| | |", "|---|---|"]
     lines += [f"| {name} | {fmt(value)} |" for name, value in rows]
     return "\n".join(lines) + "\n"
@@ -78,7 +83,7 @@ def experiment(
     ``on_eval`` are the pipeline's hooks (a progress display; Optuna's pruning callback).
     """
     stamp_trial(config)
-    name = run_name or f"{config.algorithm.name}-{config.experiment.trial}"
+    name = run_name or f"{config.method}-{config.experiment.trial}"
     with ExitStack() as scope:
         if progress is None:  # no display of the caller's: progress lines in the run's log
             progress = scope.enter_context(run_log_progress())

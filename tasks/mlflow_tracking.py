@@ -246,7 +246,7 @@ def _truncate(text: str, limit: int) -> str:
 def run_tags(config: Config, extra: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The tags every run carries (plus ``extra``), redacted and truncated."""
     tags: dict[str, Any] = {
-        "algorithm": config.algorithm.name,
+        "algorithm": config.method,
         "model": config.model.path,
         "max_staleness": config.rollout.max_staleness,
         "git_commit": git_commit(),

@@ -336,10 +336,12 @@ def _check_data_paths(config: Config) -> None:
         paths = {"data.humaneval.path": data.humaneval.path}
     if data.source == "dataset":
         paths = {"data.path": data.path, "data.test_path": data.test_path}
+    if config.dpo.enabled:
+        paths |= {"dpo.pairs": config.dpo.pairs, "dpo.test_pairs": config.dpo.test_pairs}
     for key, value in paths.items():
         explicit = value.startswith(("/", ".", "~", "file://"))
         local = Path(value.removeprefix("file://")).expanduser()
-        if value not in ("", "bundled", "hub") and explicit and not local.exists():
+        if value not in ("", "bundled", "hub", "synthetic") and explicit and not local.exists():
             raise ConfigError(f"{key}={value!r}: no such file or folder")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.algorithms.config import AlgorithmConfig
+from core.algorithms.preference import DPO_KINDS
 from core.data.code_synthetic import CodeSpec
 from core.data.humaneval import HumanEvalSpec
 from core.data.prompting import PROMPT_FORMATS
@@ -284,6 +285,62 @@ class SFTConfig:
     batch_size: int = documented(32, "Sequences per optimizer step.", gt=0)
     lr: float = documented(2e-3, "Peak learning rate (AdamW).", gt=0)
     warmup_steps: int = documented(30, "Linear warm-up steps before the cosine decay.", ge=0)
+    min_lr_ratio: float = documented(
+        0.1, "Final learning rate as a fraction of the peak.", ge=0, le=1
+    )
+    weight_decay: float = documented(0.0, "AdamW weight decay.", ge=0)
+    max_grad_norm: float = documented(1.0, "Gradient clipping norm.", ge=0)
+
+
+@dataclass
+class DPOConfig:
+    """Direct preference optimisation after the warm start (Rafailov et al., arXiv 2305.18290):
+    the policy against a frozen copy of itself on pairs of a preferred and a rejected answer."""
+
+    enabled: bool = documented(False, "Run the DPO stage (after SFT, before RL or the eval).")
+    pairs: str = documented(
+        "synthetic",
+        "Where the preference pairs come from: 'synthetic' (from the task's own problems: its "
+        "worked, correct solution preferred over a direct answer with a wrong number; needs "
+        "answers ending in '#### N', as data.source=synthetic and gsm8k have) or a JSONL/"
+        "parquet/CSV file, a folder with {split}.<ext> or a save_to_disk dataset, at any fsspec "
+        "URL, or a hub id, with the columns below.",
+    )
+    test_pairs: str = documented(
+        "",
+        "Held-out pairs for a file/dataset in dpo.pairs: a file, or '' = the dataset's 'test' "
+        "split when it is a folder or hub id with one, else dpo.test_ratio of dpo.pairs.",
+    )
+    test_ratio: float = documented(
+        0.1, "Share of dpo.pairs held out when no test pairs are given.", gt=0, le=0.5
+    )
+    prompt_key: str = documented(
+        "prompt", "Column with the prompt: text (rendered like data.template) or chat messages."
+    )
+    chosen_key: str = documented(
+        "chosen", "Column with the preferred answer: text, or the assistant turns as messages."
+    )
+    rejected_key: str = documented(
+        "rejected", "Column with the rejected answer: text, or the assistant turns as messages."
+    )
+    n_test: int = documented(
+        200, "Held-out pairs the preference accuracy is measured on (0 = all).", ge=0
+    )
+    eval_start: bool = documented(
+        True,
+        "Also evaluate the task's held-out accuracy before DPO (the summary's accuracy_before), "
+        "as eval.* evaluates it after.",
+    )
+    loss: str = documented(
+        "sigmoid", "'sigmoid' (DPO) or 'ipo' (Azar et al., arXiv 2310.12036).", choices=DPO_KINDS
+    )
+    beta: float = documented(
+        0.1, "β: how far the policy may move from the reference (smaller = further).", gt=0
+    )
+    steps: int = documented(100, "Optimizer steps.", ge=0)
+    batch_size: int = documented(16, "Pairs per optimizer step.", gt=0)
+    lr: float = documented(2e-4, "Peak learning rate (AdamW).", gt=0)
+    warmup_steps: int = documented(10, "Linear warm-up steps before the cosine decay.", ge=0)
     min_lr_ratio: float = documented(
         0.1, "Final learning rate as a fraction of the peak.", ge=0, le=1
     )
@@ -639,6 +696,7 @@ class Config:
     model: ModelConfig = documented(help="Policy model and tokenizer.", factory=ModelConfig)
     data: DataConfig = documented(help="Training and held-out data.", factory=DataConfig)
     sft: SFTConfig = documented(help="Supervised warm start.", factory=SFTConfig)
+    dpo: DPOConfig = documented(help="Preference optimisation (DPO).", factory=DPOConfig)
     rollout: RolloutConfig = documented(help="Generation and staleness.", factory=RolloutConfig)
     algorithm: AlgorithmConfig = documented(
         help="RL algorithm (preset + overrides).", factory=AlgorithmConfig
@@ -651,6 +709,14 @@ class Config:
     watchdog: WatchdogConfig = documented(
         help="Limits on the driver's waits.", factory=WatchdogConfig
     )
+
+    @property
+    def method(self) -> str:
+        """What trains the policy, for run names, tags and comparisons: the RL algorithm's
+        name, ``dpo``, or ``dpo+<algorithm>`` when RL follows DPO."""
+        if not (self.dpo.enabled and self.dpo.steps > 0):
+            return self.algorithm.name
+        return f"dpo+{self.algorithm.name}" if self.learner.total_steps > 0 else "dpo"
 
     @property
     def run_dir(self) -> str:

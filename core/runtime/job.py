@@ -1,6 +1,7 @@
 """The experiment pipeline — the one place the stage order lives::
 
-    prepare_data → build_model → [fit_prompts] → sft_warm_start → rl_train (or evaluate) → report
+    prepare_data → [prepare_pairs] → build_model → [fit_prompts] → sft_warm_start
+        → [evaluate_start → dpo] → rl_train (or evaluate) → report
 
 :class:`Pipeline` runs the stages of :mod:`core.runtime.stages`. *How* each stage runs is a hook,
 a :class:`StageRunner`: :func:`call_stage` calls it (``asyncrl run --plain``, benchmarks, tests);
@@ -22,6 +23,7 @@ import torch
 from core.config import Config, config_hash, stamp_trial, to_yaml
 from core.evaluation import EvalResult
 from core.redaction import redact
+from core.runtime.dpo import DPOResult, dpo_train, prepare_pairs
 from core.runtime.metrics import FanOut, JsonlSink, MemorySink, MetricSink
 from core.runtime.run_lock import lock_run
 from core.runtime.sft import sft_warm_start
@@ -66,6 +68,8 @@ class Pipeline:
     on_eval: EvalCallback | None = None  # (version, accuracy) after each held-out eval
     lock: bool = True  # hold the run folder's lock during run() (False: the caller holds it)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
+    dpo: DPOResult | None = None  # set by warm_start when dpo.enabled
+    start_eval: EvalResult | None = None  # the task eval before DPO (dpo.eval_start)
 
     def __post_init__(self) -> None:
         stamp_trial(self.config)  # a run without a trial gets a timestamp folder
@@ -120,15 +124,36 @@ class Pipeline:
             "timings": dict(self.timings),  # up to the report
             "wall_seconds": time.perf_counter() - started,
             "sft_final_loss": sft_loss[-1][1] if sft_loss else None,
+            **self._dpo_facts(evaluation),
             **(extra or {}),
         }
         return self._stage("report", report, cfg, data, model_dir, rl, evaluation, facts)
 
+    def _dpo_facts(self, evaluation: EvalResult | None) -> dict[str, Any]:
+        """The summary's DPO entries; without RL, accuracy before/after spans the DPO stage."""
+        if self.dpo is None:
+            return {}
+        facts: dict[str, Any] = {
+            "dpo": self.dpo.summary(),
+            "preference_accuracy_before": self.dpo.before["preference_accuracy"],
+            "preference_accuracy_after": self.dpo.after["preference_accuracy"],
+        }
+        if evaluation is not None and self.start_eval is not None:
+            facts["accuracy_before"] = self.start_eval.accuracy
+            facts["accuracy_after"] = evaluation.accuracy
+            facts["eval_start"] = self.start_eval.to_dict()
+        return facts
+
     def warm_start(self) -> tuple[PreparedData, str]:
-        """The stages before RL: data, the initial model and its SFT warm start (if enabled)."""
+        """The stages before RL: data, the initial model, its SFT warm start and DPO (each if
+        enabled)."""
         cfg = self.config
         self._ticks("prepare_data")
         data = self._stage("prepare_data", prepare_data, cfg)
+        pairs = None
+        if cfg.dpo.enabled:  # read and checked before any model is built
+            self._ticks("prepare_pairs")
+            pairs = self._stage("prepare_pairs", prepare_pairs, cfg, data)
         self._ticks("build_model")
         model_dir = self._stage("build_model", build_or_load_model, cfg, data)
         if cfg.data.max_prompt_tokens > 0:
@@ -139,6 +164,16 @@ class Pipeline:
             model_dir = self._stage(
                 "sft_warm_start", sft_warm_start, cfg, model_dir, data.train, self.sink, ticks
             )
+        if pairs is not None:
+            if cfg.dpo.eval_start:
+                n = min(cfg.eval.n_problems or len(data.test), len(data.test))
+                ticks = self._ticks("evaluate_start", n)
+                self.start_eval = self._stage(
+                    "evaluate_start", evaluate_model, cfg, model_dir, data.test, ticks
+                )
+            ticks = self._ticks("dpo", cfg.dpo.steps)
+            self.dpo = self._stage("dpo", dpo_train, cfg, model_dir, pairs, self.sink, ticks)
+            model_dir = self.dpo.model_dir
         return data, str(model_dir)
 
     def _stage(self, name: str, fn: Callable[..., T], *args: Any) -> T:
@@ -177,6 +212,12 @@ def report(
     return summary
 
 
+def trained_by(summary: dict[str, Any]) -> str:
+    """What a summary's ``accuracy_before`` / ``accuracy_after`` span: ``RL``, or ``DPO`` for a
+    DPO run without RL steps."""
+    return "DPO" if summary.get("dpo") and not summary.get("steps") else "RL"
+
+
 def starting_eval(evals: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The evaluation of the starting policy (version 0), or None when eval.at_start=false."""
     return next((e for e in evals if e["version"] == 0), None)
@@ -197,7 +238,7 @@ def summarize(
         "run_dir": config.run_dir,
         "config_hash": config_hash(config),
         "model": config.model.path,
-        "algorithm": config.algorithm.name,
+        "algorithm": config.method,
         "max_staleness": config.rollout.max_staleness,
         "data": {
             "source": config.data.source,

@@ -1,7 +1,8 @@
 """One learner rank: the policy (and, for PPO presets, the critic and a frozen reference).
 
-With ``model.lora_rank`` > 0 the RL policy trains LoRA adapters (core/training/lora.py); the
-SFT warm start and the critic train all their weights.
+With ``model.lora_rank`` > 0 the RL and DPO policies train LoRA adapters (core/training/lora.py);
+the SFT warm start and the critic train all their weights. ``mode`` picks the work: ``rl``,
+``sft``, or ``dpo`` (the policy against a frozen reference, its starting weights).
 
 The driver sends every rank the whole batch; each rank trains on its share of whole groups
 (``shard_rows``), so FSDP2's data parallelism sees the same global batch however many ranks run.
@@ -39,7 +40,7 @@ from core.training import (
     is_main,
     shard_rows,
 )
-from core.training.losses import proximal_plan
+from core.training.losses import DPOLoss, proximal_plan
 from core.training.mismatch import MismatchMonitor
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,22 @@ class LearnerWorker:
                 total_steps=s.steps,
                 min_lr_ratio=s.min_lr_ratio,
                 betas=(0.9, 0.98),
+                **common,
+            )
+            self.critic = None
+            return
+        if mode == "dpo":  # the reference is the starting model (with LoRA: the frozen base)
+            d = config.dpo
+            self.policy = Learner(
+                model_dir,
+                lr=d.lr,
+                weight_decay=d.weight_decay,
+                max_grad_norm=d.max_grad_norm,
+                warmup_steps=d.warmup_steps,
+                total_steps=max(1, d.steps),
+                min_lr_ratio=d.min_lr_ratio,
+                reference_model_dir=model_dir,
+                lora=_lora_spec(config),
                 **common,
             )
             self.critic = None
@@ -182,6 +199,23 @@ class LearnerWorker:
 
     def sft_step(self, batch: TrainBatch) -> dict[str, float]:
         return self.policy.train_step(self._shard(batch, group_size=1), SFTLoss())
+
+    def dpo_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One DPO step on rows in (chosen, rejected) pairs; the reference's log-probs first."""
+        shard = self._shard(batch, group_size=2)
+        shard = shard.with_fields(ref_logprobs=self.policy.compute_reference_logprobs(shard))
+        loss = DPOLoss(beta=self.config.dpo.beta, kind=self.config.dpo.loss)
+        return self.policy.train_step(shard, loss)
+
+    def sequence_logprobs(self, batch: TrainBatch, reference: bool = False) -> torch.Tensor:
+        """``[N]`` log-probability of each row's loss tokens (its answer) under the current
+        policy, or the frozen reference; no grad, rows in pairs."""
+        shard = self._shard(batch, group_size=2)
+        compute = (
+            self.policy.compute_reference_logprobs if reference else self.policy.compute_logprobs
+        )
+        sums = (compute(shard) * shard.loss_mask).sum(-1, keepdim=True)
+        return self._gather_rows(sums, batch)[:, 0]
 
     # ------------------------------------------------------------------ weights and state
     def export(self, directory: str) -> str:

@@ -47,7 +47,7 @@ from core.training.logprobs import (
     token_logprobs_and_entropy,
 )
 from core.training.lora import LoraSpec
-from core.training.losses import LossFn, PolicyLoss, SFTLoss, ValueLoss
+from core.training.losses import DPOLoss, LossFn, PolicyLoss, SFTLoss, ValueLoss
 from core.training.lr_schedule import WarmupCosine, warmup_cosine_schedule
 from core.training.stats import StatsAccumulator
 from core.training.value_model import ValueModel
@@ -59,6 +59,7 @@ __all__ = [
     "LossFn",
     "PolicyLoss",
     "SFTLoss",
+    "DPOLoss",
     "StatsAccumulator",
     "TrainBatch",
     "ValueLoss",

@@ -226,24 +226,32 @@ def shard_rows(batch: TrainBatch, rank: int, world_size: int, *, group_size: int
     return split_minibatches(batch, world_size, group_size=group_size)[rank]
 
 
-def micro_batch_indices(batch: TrainBatch, max_tokens: int) -> list[Tensor]:
+def micro_batch_indices(batch: TrainBatch, max_tokens: int, *, group_size: int = 1) -> list[Tensor]:
     """Row indices of each micro-batch: greedy packing under ``rows × padded length ≤ max_tokens``.
 
     Rows are taken longest first (so a micro-batch's padded length is its first row's length,
     and little padding is wasted); a row longer than the budget gets a micro-batch to itself.
-    Every row appears in exactly one micro-batch.
+    Every row appears in exactly one micro-batch. With ``group_size`` g > 1, rows
+    ``g·k … g·k+g-1`` (a DPO pair: chosen, rejected) stay together, in order.
     """
     if max_tokens < 1:
         raise ValueError(f"micro_batch_tokens={max_tokens} must be >= 1")
+    if group_size < 1 or len(batch) % group_size:
+        raise ValueError(f"{len(batch)} rows do not form groups of {group_size}")
     lengths = batch.seq_lens.clamp(min=1).tolist()
-    order = sorted(range(len(batch)), key=lambda i: -lengths[i])  # stable: ties keep row order
+    groups = [range(i, i + group_size) for i in range(0, len(batch), group_size)]
+    widths = [max(lengths[row] for row in group) for group in groups]
+    order = sorted(range(len(groups)), key=lambda k: -widths[k])  # stable: ties keep row order
     packs: list[list[int]] = []
-    for row in order:
-        if packs and (len(packs[-1]) + 1) * lengths[packs[-1][0]] <= max_tokens:
-            packs[-1].append(row)
+    for k in order:
+        if packs and (len(packs[-1]) + 1) * group_size * widths[packs[-1][0]] <= max_tokens:
+            packs[-1].append(k)
         else:
-            packs.append([row])
-    return [torch.tensor(sorted(p), dtype=torch.long) for p in packs]
+            packs.append([k])
+    return [
+        torch.tensor(sorted(row for k in pack for row in groups[k]), dtype=torch.long)
+        for pack in packs
+    ]
 
 
 def micro_batches(batch: TrainBatch, max_tokens: int) -> list[TrainBatch]:

@@ -234,10 +234,10 @@ class Learner:
     def _logprobs(self, model: nn.Module, micro: TrainBatch) -> Tensor:
         return self._token_outputs(model, micro, entropy=False)[0]
 
-    def _micro_batch_indices(self, batch: TrainBatch) -> list[Tensor]:
-        if self.prompt_sharing:
+    def _micro_batch_indices(self, batch: TrainBatch, rows_per_example: int = 1) -> list[Tensor]:
+        if self.prompt_sharing and rows_per_example == 1:
             return shared_micro_batch_indices(batch, self.micro_batch_tokens)
-        return micro_batch_indices(batch, self.micro_batch_tokens)
+        return micro_batch_indices(batch, self.micro_batch_tokens, group_size=rows_per_example)
 
     def _values(self, model: nn.Module, micro: TrainBatch) -> Tensor:
         with self._autocast():
@@ -301,7 +301,10 @@ class Learner:
         start = time.perf_counter()
         if len(batch) == 0:
             raise ValueError("train_step needs at least one row on every rank")
-        micros = [batch.select(rows).trim() for rows in self._micro_batch_indices(batch)]
+        # A loss over examples of several rows (DPO's pairs) sees each example whole.
+        rows_per_example = int(getattr(loss_fn, "rows_per_example", 1))
+        indices = self._micro_batch_indices(batch, rows_per_example)
+        micros = [batch.select(rows).trim() for rows in indices]
         normalizer = all_reduce_sum(float(loss_fn.normalizer(micros)))
         needs_entropy = bool(getattr(loss_fn, "needs_entropy", False))
         rounds = self._rounds(len(micros))
@@ -324,7 +327,9 @@ class Learner:
             # so scaling by R leaves the gradient of the summed (global) loss.
             (loss * self.world_size).backward()
             loss_sum += float(loss.detach())
-            stats.add(micro_stats, weight=micro.n_loss_tokens)
+            # Means over loss tokens, or over examples when an example spans rows.
+            weight = len(micro) / rows_per_example if rows_per_example > 1 else micro.n_loss_tokens
+            stats.add(micro_stats, weight=weight)
         grad_norm, lr = self._optimizer_step()
         totals = all_reduce_sum(
             torch.tensor(

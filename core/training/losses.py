@@ -13,7 +13,9 @@ A loss is split in two so the learner can normalise globally (docs/algorithms.md
   which the learner sums); every call must return the same keys.
 
 A loss with ``needs_entropy = True`` finds the per-token entropy (with gradient) in the
-micro-batch field ``"entropy"``.
+micro-batch field ``"entropy"``. A loss whose examples span several rows (DPO: a chosen row
+then its rejected row) sets ``rows_per_example``: the learner keeps each example's rows together
+and in order in one micro-batch, and averages its statistics over examples instead of tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 from core.algorithms import (
     AlgorithmConfig,
     aggregate_loss,
+    dpo_loss,
     global_normalizer,
     kl_penalty,
     loglinear_proximal_logprobs,
@@ -96,6 +99,33 @@ class SFTLoss(_MaskAggregatedLoss):
             norm_constant=self.norm_constant,
         )
         return loss, {"nll": masked_mean(-outputs.detach(), micro.loss_mask)}
+
+
+@dataclass
+class DPOLoss:
+    """DPO/IPO (``core.algorithms.dpo_loss``) on rows in pairs: row ``2i`` is a pair's chosen
+    answer, row ``2i+1`` its rejected one; the field ``ref_logprobs`` holds the frozen
+    reference's per-token log-probs. Sequence log-probs are sums over the answer's loss tokens;
+    ``D`` is the number of pairs."""
+
+    beta: float = 0.1
+    kind: str = "sigmoid"
+    needs_entropy: bool = False
+    rows_per_example: int = 2
+
+    def normalizer(self, micro_batches: Sequence[TrainBatch]) -> float:
+        return sum(len(m) for m in micro_batches) / 2
+
+    def __call__(self, micro: TrainBatch, outputs: Tensor, normalizer: float) -> LossOutput:
+        policy = (outputs * micro.loss_mask).sum(-1)
+        reference = (micro["ref_logprobs"] * micro.loss_mask).sum(-1)
+        loss, stats = dpo_loss(
+            policy[0::2], policy[1::2], reference[0::2], reference[1::2],
+            beta=self.beta, kind=self.kind, normalizer=normalizer,
+        )  # fmt: skip
+        detached = policy.detach()
+        stats.update(chosen_logp=detached[0::2].mean(), rejected_logp=detached[1::2].mean())
+        return loss, stats
 
 
 @dataclass(frozen=True)
