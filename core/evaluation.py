@@ -24,7 +24,7 @@ from typing import Any
 from core.config import Config
 from core.inference.api import InferenceEngine
 from core.rewards.registry import CompletionMetric, completion_metrics
-from core.rollout.api import Workflow, derive_seed, episode_metrics, episode_rows
+from core.rollout.api import Trajectory, Workflow, derive_seed, episode_metrics, episode_rows
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ async def evaluate_workflow(
         completion = rows[-1].metadata.get("completion", "")
         if rows[-1].metadata.get("scored_by") != "agent":  # an agent's own reward: not its text
             scored.append(completion)
-        return rows[0].reward, completion, sum(t.n_generated for t in rows)
+        return task_reward(rows[0]), completion, sum(t.n_generated for t in rows)
 
     results = await asyncio.gather(*(one(s) for s in samples))
     sampled = {}
@@ -181,6 +181,12 @@ async def evaluate_workflow(
     )
 
 
+def task_reward(row: Trajectory) -> float:
+    """The task's own reward of an episode: a learned reward model's share left out (RL with
+    ``reward_model.use_in_rl`` trains on both; accuracy is the task's)."""
+    return float(row.metadata.get("task_reward", row.reward))
+
+
 def _accuracy_by_task(samples: Sequence[dict[str, Any]], rewards: list[float]) -> dict[str, float]:
     """``accuracy/<task>`` for each task named by the samples' ``task`` key (none without)."""
     by_task: dict[str, list[float]] = {}
@@ -203,7 +209,7 @@ async def _sampled_scores(
         async with slots:
             seeded = {**sample, "seed": derive_seed(seed, "eval", index, i)}
             rows = await run(seeded)
-        return 0.0 if rows is None else rows[0].reward
+        return 0.0 if rows is None else task_reward(rows[0])
 
     rewards = await asyncio.gather(
         *(reward(j, sample, i) for j, sample in enumerate(samples) for i in range(n))

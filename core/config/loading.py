@@ -209,6 +209,7 @@ def validate(config: Config) -> None:
     if source.generated and config.data.n_test <= 0:
         raise ConfigError("data.n_test must be > 0 for synthetic data")
     _check_tool_latency(config)
+    _check_reward_model(config)
     algo = config.algorithm
     if algo.overlong_reward_penalty:
         max_len = algo.overlong_max_len or config.rollout.max_new_tokens
@@ -270,6 +271,32 @@ def validate(config: Config) -> None:
     python = config.rollout.server_python
     if python and shutil.which(python) is None:
         raise ConfigError(f"rollout.server_python={python!r}: no such interpreter")
+
+
+def _check_reward_model(config: Config) -> None:
+    """``reward_model.use_in_rl``: a model to use, and a workflow that scores with it."""
+    rm = config.reward_model
+    if not rm.use_in_rl:
+        return
+    if not rm.path and not rm.enabled:
+        raise ConfigError(
+            "reward_model.use_in_rl needs a reward model: reward_model.enabled=true (this run "
+            "trains one) or reward_model.path (a folder a reward-model stage wrote)"
+        )
+    if not config.rollout.workflow.endswith(":RLVRWorkflow"):
+        raise ConfigError(
+            "reward_model.use_in_rl scores single-turn episodes (rollout.workflow="
+            f"core.workflows.rlvr:RLVRWorkflow), got rollout.workflow={config.rollout.workflow!r}"
+        )
+    local = Path(rm.path.removeprefix("file://")).expanduser()
+    if (
+        rm.path
+        and "://" not in rm.path.replace("file://", "")
+        and not (local / "config.json").exists()
+    ):
+        raise ConfigError(
+            f"reward_model.path={rm.path!r}: no reward model folder (config.json) there"
+        )
 
 
 def _check_tool_latency(config: Config) -> None:
@@ -336,8 +363,9 @@ def _check_data_paths(config: Config) -> None:
         paths = {"data.humaneval.path": data.humaneval.path}
     if data.source == "dataset":
         paths = {"data.path": data.path, "data.test_path": data.test_path}
-    if config.dpo.enabled:
-        paths |= {"dpo.pairs": config.dpo.pairs, "dpo.test_pairs": config.dpo.test_pairs}
+    if config.dpo.enabled or config.reward_model.enabled:
+        pairs = config.preference
+        paths |= {"preference.pairs": pairs.pairs, "preference.test_pairs": pairs.test_pairs}
     for key, value in paths.items():
         explicit = value.startswith(("/", ".", "~", "file://"))
         local = Path(value.removeprefix("file://")).expanduser()

@@ -12,6 +12,7 @@ from core.algorithms.config import AlgorithmConfig
 from core.algorithms.preference import DPO_KINDS
 from core.data.code_synthetic import CodeSpec
 from core.data.humaneval import HumanEvalSpec
+from core.data.preference import PreferenceSpec
 from core.data.prompting import PROMPT_FORMATS
 from core.data.reasoning_gym import ReasoningGymSpec
 from core.data.synthetic import SyntheticSpec
@@ -295,37 +296,9 @@ class SFTConfig:
 @dataclass
 class DPOConfig:
     """Direct preference optimisation after the warm start (Rafailov et al., arXiv 2305.18290):
-    the policy against a frozen copy of itself on pairs of a preferred and a rejected answer."""
+    the policy against a frozen copy of itself on the ``preference`` pairs."""
 
     enabled: bool = documented(False, "Run the DPO stage (after SFT, before RL or the eval).")
-    pairs: str = documented(
-        "synthetic",
-        "Where the preference pairs come from: 'synthetic' (from the task's own problems: its "
-        "worked, correct solution preferred over a direct answer with a wrong number; needs "
-        "answers ending in '#### N', as data.source=synthetic and gsm8k have) or a JSONL/"
-        "parquet/CSV file, a folder with {split}.<ext> or a save_to_disk dataset, at any fsspec "
-        "URL, or a hub id, with the columns below.",
-    )
-    test_pairs: str = documented(
-        "",
-        "Held-out pairs for a file/dataset in dpo.pairs: a file, or '' = the dataset's 'test' "
-        "split when it is a folder or hub id with one, else dpo.test_ratio of dpo.pairs.",
-    )
-    test_ratio: float = documented(
-        0.1, "Share of dpo.pairs held out when no test pairs are given.", gt=0, le=0.5
-    )
-    prompt_key: str = documented(
-        "prompt", "Column with the prompt: text (rendered like data.template) or chat messages."
-    )
-    chosen_key: str = documented(
-        "chosen", "Column with the preferred answer: text, or the assistant turns as messages."
-    )
-    rejected_key: str = documented(
-        "rejected", "Column with the rejected answer: text, or the assistant turns as messages."
-    )
-    n_test: int = documented(
-        200, "Held-out pairs the preference accuracy is measured on (0 = all).", ge=0
-    )
     eval_start: bool = documented(
         True,
         "Also evaluate the task's held-out accuracy before DPO (the summary's accuracy_before), "
@@ -337,9 +310,52 @@ class DPOConfig:
     beta: float = documented(
         0.1, "β: how far the policy may move from the reference (smaller = further).", gt=0
     )
+    nll_coef: float = documented(
+        0.0,
+        "Weight of the chosen answers' per-token NLL added to the loss (RPO, Pang et al., arXiv "
+        "2404.19733): keeps them likely when rejected answers share most of their tokens.",
+        ge=0,
+    )
     steps: int = documented(100, "Optimizer steps.", ge=0)
     batch_size: int = documented(16, "Pairs per optimizer step.", gt=0)
     lr: float = documented(2e-4, "Peak learning rate (AdamW).", gt=0)
+    warmup_steps: int = documented(10, "Linear warm-up steps before the cosine decay.", ge=0)
+    min_lr_ratio: float = documented(
+        0.1, "Final learning rate as a fraction of the peak.", ge=0, le=1
+    )
+    weight_decay: float = documented(0.0, "AdamW weight decay.", ge=0)
+    max_grad_norm: float = documented(1.0, "Gradient clipping norm.", ge=0)
+
+
+@dataclass
+class RewardModelConfig:
+    """A reward model trained on the ``preference`` pairs (Bradley–Terry, InstructGPT arXiv
+    2203.02155): the warm-started model's backbone with a scalar head, the reward read at an
+    answer's last token."""
+
+    enabled: bool = documented(
+        False, "Run the reward-model stage (after SFT); its folder is {run_dir}/reward_model."
+    )
+    use_in_rl: bool = documented(
+        False,
+        "Score RL rollouts with the reward model (the RLVR workflow): reward = reward_model.coef "
+        "× its score + reward_model.task_coef × rollout.reward_fn's. Evaluation still reports "
+        "rollout.reward_fn's accuracy.",
+    )
+    path: str = documented(
+        "",
+        "The reward model RL uses: a folder (or URL) a reward-model stage wrote; '' = this run's "
+        "({run_dir}/reward_model, needs reward_model.enabled).",
+    )
+    coef: float = documented(1.0, "Weight of the reward model's score in the RL reward.")
+    task_coef: float = documented(
+        0.0,
+        "Weight of rollout.reward_fn's reward in the RL reward: 0 = the reward model alone (the "
+        "task reward is still computed, logged and evaluated).",
+    )
+    steps: int = documented(100, "Optimizer steps.", ge=0)
+    batch_size: int = documented(16, "Pairs per optimizer step.", gt=0)
+    lr: float = documented(1e-3, "Peak learning rate (AdamW).", gt=0)
     warmup_steps: int = documented(10, "Linear warm-up steps before the cosine decay.", ge=0)
     min_lr_ratio: float = documented(
         0.1, "Final learning rate as a fraction of the peak.", ge=0, le=1
@@ -696,7 +712,13 @@ class Config:
     model: ModelConfig = documented(help="Policy model and tokenizer.", factory=ModelConfig)
     data: DataConfig = documented(help="Training and held-out data.", factory=DataConfig)
     sft: SFTConfig = documented(help="Supervised warm start.", factory=SFTConfig)
+    preference: PreferenceSpec = documented(
+        help="Preference pairs (for DPO and the reward model).", factory=PreferenceSpec
+    )
     dpo: DPOConfig = documented(help="Preference optimisation (DPO).", factory=DPOConfig)
+    reward_model: RewardModelConfig = documented(
+        help="Reward model (Bradley–Terry).", factory=RewardModelConfig
+    )
     rollout: RolloutConfig = documented(help="Generation and staleness.", factory=RolloutConfig)
     algorithm: AlgorithmConfig = documented(
         help="RL algorithm (preset + overrides).", factory=AlgorithmConfig

@@ -9,10 +9,13 @@ from core.models.builder import (
 )
 from core.models.presets import MODEL_PRESETS, ModelPreset, is_preset
 from core.models.tokenizer import SPECIAL_TOKENS, train_tokenizer
+from core.models.value_model import ValueModel, last_token_values
 
 __all__ = [
     "MODEL_PRESETS",
     "SPECIAL_TOKENS",
+    "ValueModel",
+    "last_token_values",
     "ModelPreset",
     "build_tiny_model",
     "create_pretrained",

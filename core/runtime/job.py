@@ -1,7 +1,7 @@
 """The experiment pipeline — the one place the stage order lives::
 
     prepare_data → [prepare_pairs] → build_model → [fit_prompts] → sft_warm_start
-        → [evaluate_start → dpo] → rl_train (or evaluate) → report
+        → [reward_model] → [evaluate_start → dpo] → rl_train (or evaluate) → report
 
 :class:`Pipeline` runs the stages of :mod:`core.runtime.stages`. *How* each stage runs is a hook,
 a :class:`StageRunner`: :func:`call_stage` calls it (``asyncrl run --plain``, benchmarks, tests);
@@ -23,8 +23,10 @@ import torch
 from core.config import Config, config_hash, stamp_trial, to_yaml
 from core.evaluation import EvalResult
 from core.redaction import redact
-from core.runtime.dpo import DPOResult, dpo_train, prepare_pairs
+from core.runtime.dpo import dpo_train
 from core.runtime.metrics import FanOut, JsonlSink, MemorySink, MetricSink
+from core.runtime.preference import PreferenceResult, needs_pairs, prepare_pairs
+from core.runtime.reward_model import reward_model_train
 from core.runtime.run_lock import lock_run
 from core.runtime.sft import sft_warm_start
 from core.runtime.stages import (
@@ -68,7 +70,8 @@ class Pipeline:
     on_eval: EvalCallback | None = None  # (version, accuracy) after each held-out eval
     lock: bool = True  # hold the run folder's lock during run() (False: the caller holds it)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
-    dpo: DPOResult | None = None  # set by warm_start when dpo.enabled
+    dpo: PreferenceResult | None = None  # set by warm_start when dpo.enabled
+    reward_model: PreferenceResult | None = None  # ... when reward_model.enabled
     start_eval: EvalResult | None = None  # the task eval before DPO (dpo.eval_start)
 
     def __post_init__(self) -> None:
@@ -124,16 +127,22 @@ class Pipeline:
             "timings": dict(self.timings),  # up to the report
             "wall_seconds": time.perf_counter() - started,
             "sft_final_loss": sft_loss[-1][1] if sft_loss else None,
-            **self._dpo_facts(evaluation),
+            **self._preference_facts(evaluation),
             **(extra or {}),
         }
         return self._stage("report", report, cfg, data, model_dir, rl, evaluation, facts)
 
-    def _dpo_facts(self, evaluation: EvalResult | None) -> dict[str, Any]:
-        """The summary's DPO entries; without RL, accuracy before/after spans the DPO stage."""
+    def _preference_facts(self, evaluation: EvalResult | None) -> dict[str, Any]:
+        """The summary's DPO and reward-model entries; without RL, accuracy before/after spans
+        the DPO stage."""
+        facts: dict[str, Any] = {}
+        if self.reward_model is not None:
+            facts["reward_model"] = self.reward_model.summary()
+            facts["reward_model_accuracy_before"] = self.reward_model.before["accuracy"]
+            facts["reward_model_accuracy_after"] = self.reward_model.after["accuracy"]
         if self.dpo is None:
-            return {}
-        facts: dict[str, Any] = {
+            return facts
+        facts |= {
             "dpo": self.dpo.summary(),
             "preference_accuracy_before": self.dpo.before["preference_accuracy"],
             "preference_accuracy_after": self.dpo.after["preference_accuracy"],
@@ -151,7 +160,7 @@ class Pipeline:
         self._ticks("prepare_data")
         data = self._stage("prepare_data", prepare_data, cfg)
         pairs = None
-        if cfg.dpo.enabled:  # read and checked before any model is built
+        if needs_pairs(cfg):  # read and checked before any model is built
             self._ticks("prepare_pairs")
             pairs = self._stage("prepare_pairs", prepare_pairs, cfg, data)
         self._ticks("build_model")
@@ -164,7 +173,12 @@ class Pipeline:
             model_dir = self._stage(
                 "sft_warm_start", sft_warm_start, cfg, model_dir, data.train, self.sink, ticks
             )
-        if pairs is not None:
+        if pairs is not None and cfg.reward_model.enabled:
+            ticks = self._ticks("reward_model", cfg.reward_model.steps)
+            self.reward_model = self._stage(
+                "reward_model", reward_model_train, cfg, model_dir, pairs, self.sink, ticks
+            )
+        if pairs is not None and cfg.dpo.enabled:
             if cfg.dpo.eval_start:
                 n = min(cfg.eval.n_problems or len(data.test), len(data.test))
                 ticks = self._ticks("evaluate_start", n)

@@ -2,7 +2,8 @@
 
 With ``model.lora_rank`` > 0 the RL and DPO policies train LoRA adapters (core/training/lora.py);
 the SFT warm start and the critic train all their weights. ``mode`` picks the work: ``rl``,
-``sft``, or ``dpo`` (the policy against a frozen reference, its starting weights).
+``sft``, ``dpo`` (the policy against a frozen reference, its starting weights) or
+``reward_model`` (a value model trained on pairs).
 
 The driver sends every rank the whole batch; each rank trains on its share of whole groups
 (``shard_rows``), so FSDP2's data parallelism sees the same global batch however many ranks run.
@@ -27,6 +28,7 @@ from core.inference.weight_broadcast import (
     open_group,
     tensor_metadata,
 )
+from core.models.value_model import last_token_values
 from core.storage import fetch_dir
 from core.training import (
     Learner,
@@ -40,7 +42,7 @@ from core.training import (
     is_main,
     shard_rows,
 )
-from core.training.losses import DPOLoss, proximal_plan
+from core.training.losses import DPOLoss, RewardModelLoss, proximal_plan
 from core.training.mismatch import MismatchMonitor
 
 logger = logging.getLogger(__name__)
@@ -58,7 +60,7 @@ class LearnerWorker:
         self.rank = int(os.environ.get("RANK", "0"))
         self.config = config
         self.algo: AlgorithmConfig = config.algorithm
-        a, s = config.algorithm, config.sft
+        a = config.algorithm
         common = dict(
             micro_batch_tokens=config.learner.micro_batch_tokens,
             pack_sequences=config.learner.pack_sequences,
@@ -69,32 +71,25 @@ class LearnerWorker:
             seed=config.experiment.seed,
             temperature=config.rollout.temperature,
         )
-        if mode == "sft":
+        # The stages before RL: one learner with its section's optimiser settings.
+        stages: dict[str, tuple[Any, dict[str, Any]]] = {
+            "sft": (config.sft, {"betas": (0.9, 0.98)}),
+            # DPO's reference is the starting model (with LoRA: the frozen base).
+            "dpo": (config.dpo, {"reference_model_dir": model_dir, "lora": _lora_spec(config)}),
+            # The warm start's backbone with a fresh scalar head.
+            "reward_model": (config.reward_model, {"with_value_head": True}),
+        }
+        if mode in stages:
+            section, extra = stages[mode]
             self.policy = Learner(
                 model_dir,
-                lr=s.lr,
-                weight_decay=s.weight_decay,
-                max_grad_norm=s.max_grad_norm,
-                warmup_steps=s.warmup_steps,
-                total_steps=s.steps,
-                min_lr_ratio=s.min_lr_ratio,
-                betas=(0.9, 0.98),
-                **common,
-            )
-            self.critic = None
-            return
-        if mode == "dpo":  # the reference is the starting model (with LoRA: the frozen base)
-            d = config.dpo
-            self.policy = Learner(
-                model_dir,
-                lr=d.lr,
-                weight_decay=d.weight_decay,
-                max_grad_norm=d.max_grad_norm,
-                warmup_steps=d.warmup_steps,
-                total_steps=max(1, d.steps),
-                min_lr_ratio=d.min_lr_ratio,
-                reference_model_dir=model_dir,
-                lora=_lora_spec(config),
+                lr=section.lr,
+                weight_decay=section.weight_decay,
+                max_grad_norm=section.max_grad_norm,
+                warmup_steps=section.warmup_steps,
+                total_steps=max(1, section.steps),
+                min_lr_ratio=section.min_lr_ratio,
+                **extra,
                 **common,
             )
             self.critic = None
@@ -204,7 +199,8 @@ class LearnerWorker:
         """One DPO step on rows in (chosen, rejected) pairs; the reference's log-probs first."""
         shard = self._shard(batch, group_size=2)
         shard = shard.with_fields(ref_logprobs=self.policy.compute_reference_logprobs(shard))
-        loss = DPOLoss(beta=self.config.dpo.beta, kind=self.config.dpo.loss)
+        d = self.config.dpo
+        loss = DPOLoss(beta=d.beta, kind=d.loss, nll_coef=d.nll_coef)
         return self.policy.train_step(shard, loss)
 
     def sequence_logprobs(self, batch: TrainBatch, reference: bool = False) -> torch.Tensor:
@@ -216,6 +212,16 @@ class LearnerWorker:
         )
         sums = (compute(shard) * shard.loss_mask).sum(-1, keepdim=True)
         return self._gather_rows(sums, batch)[:, 0]
+
+    def reward_model_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One Bradley–Terry step on rows in (chosen, rejected) pairs (mode ``reward_model``)."""
+        return self.policy.train_step(self._shard(batch, group_size=2), RewardModelLoss())
+
+    def sequence_rewards(self, batch: TrainBatch) -> torch.Tensor:
+        """``[N]`` reward of each row (mode ``reward_model``): its value at its last token."""
+        shard = self._shard(batch, group_size=2)
+        rewards = last_token_values(self.policy.compute_values(shard), shard.attention_mask)
+        return self._gather_rows(rewards[:, None], batch)[:, 0]
 
     # ------------------------------------------------------------------ weights and state
     def export(self, directory: str) -> str:

@@ -47,10 +47,16 @@ from core.training.logprobs import (
     token_logprobs_and_entropy,
 )
 from core.training.lora import LoraSpec
-from core.training.losses import DPOLoss, LossFn, PolicyLoss, SFTLoss, ValueLoss
+from core.training.losses import (
+    DPOLoss,
+    LossFn,
+    PolicyLoss,
+    RewardModelLoss,
+    SFTLoss,
+    ValueLoss,
+)
 from core.training.lr_schedule import WarmupCosine, warmup_cosine_schedule
 from core.training.stats import StatsAccumulator
-from core.training.value_model import ValueModel
 
 __all__ = [
     "DistInfo",
@@ -60,10 +66,10 @@ __all__ = [
     "PolicyLoss",
     "SFTLoss",
     "DPOLoss",
+    "RewardModelLoss",
     "StatsAccumulator",
     "TrainBatch",
     "ValueLoss",
-    "ValueModel",
     "WarmupCosine",
     "all_reduce_max",
     "all_reduce_sum",

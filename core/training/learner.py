@@ -48,6 +48,7 @@ from torch.distributed.tensor import DTensor
 
 import core.training.checkpoint as checkpoint
 from core.models import load_model, torch_dtype
+from core.models.value_model import ValueModel, save_value_head, split_state
 from core.training.batch import (
     TrainBatch,
     micro_batch_indices,
@@ -76,7 +77,6 @@ from core.training.shared_prompts import (
     sharing_unsupported,
 )
 from core.training.stats import StatsAccumulator
-from core.training.value_model import ValueModel
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class Learner:
         )
         logger.info(
             "learner ready: %s%s on %s, world size %d, %.2f M parameters (%.2f M trainable%s)",
-            "critic of " if with_value_head else "",
+            "value model of " if with_value_head else "",
             model_dir,
             self.device,
             self.world_size,
@@ -423,14 +423,18 @@ class Learner:
         return {k: v.detach().to(self.compute_dtype).contiguous() for k, v in state.items()}
 
     def export_hf(self, directory: str | Path, *, dtype: str | None = None) -> Path:
-        """Write a ``from_pretrained`` folder (rank 0; collective) for the inference engines.
+        """Write a ``from_pretrained`` folder (rank 0; collective) for the inference engines,
+        or, for a value model, its backbone and head (a reward model: value_model.py).
 
         ``dtype`` defaults to the learner's compute dtype.
         """
-        if self.with_value_head:
-            raise ValueError("export_hf publishes policies; a critic is saved with save_checkpoint")
         out_dtype = self.compute_dtype if dtype is None else torch_dtype(dtype)
         state = checkpoint.full_state_dict(self.model)
+        if self.with_value_head:
+            backbone, head = split_state(state)
+            extra = functools.partial(save_value_head, head)
+            checkpoint.export_hf(backbone, self.model_dir, directory, dtype=out_dtype, extra=extra)
+            return Path(directory)
         weights, adapter = state, None
         if self.lora is not None:
             weights = merged_state_dict(state, self._scalings)

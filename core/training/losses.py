@@ -35,9 +35,11 @@ from core.algorithms import (
     loglinear_proximal_logprobs,
     masked_mean,
     ppo_policy_loss,
+    reward_model_loss,
     sft_loss,
     value_loss,
 )
+from core.models.value_model import last_token_values
 from core.training.batch import TrainBatch
 from core.training.mismatch import MismatchMonitor
 
@@ -106,10 +108,12 @@ class DPOLoss:
     """DPO/IPO (``core.algorithms.dpo_loss``) on rows in pairs: row ``2i`` is a pair's chosen
     answer, row ``2i+1`` its rejected one; the field ``ref_logprobs`` holds the frozen
     reference's per-token log-probs. Sequence log-probs are sums over the answer's loss tokens;
-    ``D`` is the number of pairs."""
+    ``D`` is the number of pairs. ``nll_coef`` > 0 adds that times the chosen answer's per-token
+    NLL (RPO, Pang et al., arXiv 2404.19733), which keeps the chosen answers likely."""
 
     beta: float = 0.1
     kind: str = "sigmoid"
+    nll_coef: float = 0.0
     needs_entropy: bool = False
     rows_per_example: int = 2
 
@@ -123,8 +127,33 @@ class DPOLoss:
             policy[0::2], policy[1::2], reference[0::2], reference[1::2],
             beta=self.beta, kind=self.kind, normalizer=normalizer,
         )  # fmt: skip
+        nll = -policy[0::2] / micro.loss_mask[0::2].sum(-1).clamp(min=1)
+        if self.nll_coef:
+            loss = loss + self.nll_coef * nll.sum() / normalizer
         detached = policy.detach()
-        stats.update(chosen_logp=detached[0::2].mean(), rejected_logp=detached[1::2].mean())
+        stats.update(chosen_logp=detached[0::2].mean(), rejected_logp=detached[1::2].mean(),
+                     chosen_nll=nll.detach().mean())  # fmt: skip
+        return loss, stats
+
+
+@dataclass
+class RewardModelLoss:
+    """Bradley–Terry (``core.algorithms.reward_model_loss``) on rows in pairs, as
+    :class:`DPOLoss`; ``outputs`` are a value model's ``[n, t]`` values and a row's reward is
+    the value at its last token (read from the hidden state of the token before it: the whole
+    prompt and answer). ``D`` is the number of pairs."""
+
+    needs_entropy: bool = False
+    rows_per_example: int = 2
+
+    def normalizer(self, micro_batches: Sequence[TrainBatch]) -> float:
+        return sum(len(m) for m in micro_batches) / 2
+
+    def __call__(self, micro: TrainBatch, outputs: Tensor, normalizer: float) -> LossOutput:
+        rewards = last_token_values(outputs, micro.attention_mask)
+        loss, stats = reward_model_loss(rewards[0::2], rewards[1::2], normalizer=normalizer)
+        detached = rewards.detach()
+        stats.update(chosen_reward=detached[0::2].mean(), rejected_reward=detached[1::2].mean())
         return loss, stats
 
 

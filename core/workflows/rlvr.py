@@ -12,6 +12,7 @@ from transformers import PreTrainedTokenizerBase
 from core.data.prompting import Prompter
 from core.inference.api import GenerationRequest, InferenceEngine, SamplingParams, generate_resuming
 from core.inference.stop_strings import cut_response
+from core.rewards.reward_model import RewardModelScorer, reward_model_from_config
 from core.rewards.verifier_pool import Scorer, make_scorer, scorer_from_config
 from core.rollout.api import Trajectory
 
@@ -26,9 +27,14 @@ class RLVRWorkflow:
         sampling: SamplingParams,
         prompter: Prompter | None = None,
         score: Scorer | None = None,
+        reward_model: RewardModelScorer | None = None,
+        reward_coefs: tuple[float, float] = (1.0, 0.0),
     ) -> None:
         self.tokenizer = tokenizer
         self.score = score or make_scorer(reward_fn)
+        # With a reward model: reward = coefs[0] × its score + coefs[1] × the task's reward.
+        self.reward_model = reward_model
+        self.reward_coefs = reward_coefs
         self.prompter = prompter or Prompter(tokenizer)
         stops = list(dict.fromkeys([*sampling.stop_token_ids, *self.prompter.stop_ids]))
         strings = list(dict.fromkeys([*sampling.stop, *self.prompter.stop_strings]))
@@ -40,7 +46,9 @@ class RLVRWorkflow:
         r = config.rollout
         sampling = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k)
         prompter = Prompter.from_config(config, tokenizer)
-        return cls(tokenizer, r.reward_fn, sampling, prompter, scorer_from_config(config))
+        rm = config.reward_model
+        return cls(tokenizer, r.reward_fn, sampling, prompter, scorer_from_config(config),
+                   reward_model_from_config(config), (rm.coef, rm.task_coef))  # fmt: skip
 
     def prompt_ids(self, sample: dict[str, Any]) -> list[int]:
         return self.prompter.prompt_ids(sample["question"], sample.get("system"))
@@ -60,6 +68,12 @@ class RLVRWorkflow:
         )
         completion = self.tokenizer.decode(response.output_ids, skip_special_tokens=True)
         reward = await self.score(completion, sample["answer"])
+        scores: dict[str, float] = {}
+        if self.reward_model is not None:  # the task reward stays what evaluation reports
+            learned = await self.reward_model(prompt + response.output_ids)
+            scores = {"task_reward": reward, "metric/task_reward": reward,
+                      "metric/reward_model": learned}  # fmt: skip
+            reward = self.reward_coefs[0] * learned + self.reward_coefs[1] * reward
         n = len(response.output_ids)
         return Trajectory(
             input_ids=prompt + response.output_ids,
@@ -74,5 +88,6 @@ class RLVRWorkflow:
                 "n_resumes": response.n_resumes,
                 "turns": 1,
                 "episode_seconds": time.monotonic() - started,
+                **scores,
             },
         )

@@ -1,5 +1,6 @@
-"""DPO in the learner: the loss of ``train_step`` against an independent computation from two
-plain forward passes, pairs kept whole across micro-batches, and steps that widen the margin."""
+"""DPO and the reward model in the learner: each loss of ``train_step`` against an independent
+computation from plain forward passes, pairs kept whole across micro-batches, steps that widen
+the margin, and a reward model's export loading back."""
 
 from __future__ import annotations
 
@@ -10,8 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.models import load_model
-from core.training import DPOLoss, Learner, TrainBatch, micro_batch_indices, token_logprobs
+from core.models import ValueModel, last_token_values, load_model
+from core.training import (
+    DPOLoss,
+    Learner,
+    RewardModelLoss,
+    TrainBatch,
+    micro_batch_indices,
+    token_logprobs,
+)
 from tests.core.training.helpers import SGD_LIKE, make_batch
 
 pytestmark = pytest.mark.unit
@@ -78,7 +86,44 @@ def test_dpo_step_matches_an_independent_computation(model_dir, reference_dir, t
         assert stats["reward_margin"] == pytest.approx(float(BETA * h.mean()), rel=1e-5)
         assert stats["chosen_logp"] == pytest.approx(float(policy[0::2].mean()), rel=1e-5)
     assert one["grad_norm"] == pytest.approx(many["grad_norm"], rel=1e-5)
+    # RPO: + the chosen answers' per-token NLL, averaged over pairs.
+    nll = -policy[0::2] / batch.loss_mask[0::2].sum(-1)
+    learner = _learner(model_dir, reference_dir, 60)
+    ref = learner.compute_reference_logprobs(batch)
+    rpo = learner.train_step(batch.with_fields(ref_logprobs=ref), DPOLoss(beta=BETA, nll_coef=0.5))
+    assert rpo["loss"] == pytest.approx(float(expected + 0.5 * nll.mean()), rel=1e-5)
+    assert rpo["chosen_nll"] == pytest.approx(float(nll.mean()), rel=1e-5)
     # More steps widen the implicit reward margin on the same pairs.
     later = [_step(many_learner, batch) for _ in range(5)][-1]
     assert later["reward_margin"] > many["reward_margin"] + 0.1
     assert later["loss"] < many["loss"]
+
+
+def test_reward_model_step_matches_bradley_terry_and_exports(
+    model_dir, tokenizer, tmp_path
+) -> None:
+    """A value model's Bradley–Terry step against the loss from a plain forward pass (reward =
+    the value at the last token), the same over micro-batches, and its export loading back."""
+    batch = make_batch(tokenizer, 12, seed=4)
+    learners = [
+        Learner(model_dir, **SGD_LIKE, micro_batch_tokens=t, with_value_head=True)
+        for t in (10_000, 60)
+    ]
+    with torch.no_grad():
+        values = ValueModel.from_pretrained(model_dir)(batch.input_ids, batch.attention_mask)
+    rewards = last_token_values(values, batch.attention_mask)
+    diff = rewards[0::2] - rewards[1::2]
+    one, many = (learner.train_step(batch, RewardModelLoss()) for learner in learners)
+    assert one["micro_batches"] == 1 and many["micro_batches"] > 2
+    for stats in (one, many):
+        assert stats["loss"] == pytest.approx(float(-F.logsigmoid(diff).mean()), rel=1e-5)
+        assert stats["accuracy"] == pytest.approx(float((diff > 0).float().mean()))
+        assert stats["margin"] == pytest.approx(float(diff.mean()), rel=1e-4, abs=1e-7)
+    later = [learners[1].train_step(batch, RewardModelLoss()) for _ in range(10)][-1]
+    assert later["loss"] < one["loss"] and later["margin"] > one["margin"]
+    out = learners[1].export_hf(tmp_path / "rm")
+    assert (out / "value_head.safetensors").exists()
+    with torch.no_grad():
+        trained = learners[1].compute_values(batch)
+        reloaded = ValueModel.from_pretrained(out)(batch.input_ids, batch.attention_mask)
+    assert torch.allclose(trained, reloaded, atol=1e-5)
