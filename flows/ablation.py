@@ -40,18 +40,28 @@ logger = logging.getLogger(__name__)
 DEFAULT_ALGORITHMS = ("grpo", "ppo", "dapo")
 
 
+def variant_overrides(method: str) -> dict[str, Any]:
+    """What one variant changes in the recipe: an RL preset name (``grpo``, ``ppo``, …) trains
+    with that preset and no DPO stage; ``dpo`` runs the recipe's DPO stage and no RL. Every
+    variant keeps the recipe's data, warm start and evaluation."""
+    if method == "dpo":
+        return {"dpo.enabled": True, "learner.total_steps": 0}
+    return {"algorithm": method, "dpo.enabled": False}
+
+
 def ablation_variants(
     source: ConfigSource, algorithms: list[str], seeds: int, stamp: str = ""
 ) -> list[Config]:
-    """One resolved config per algorithm × seed (seeds counted up from the config's own seed);
-    raises ConfigError naming the first variant that does not validate."""
+    """One resolved config per algorithm × seed (seeds counted up from the config's own seed;
+    ``dpo`` among the algorithms: :func:`variant_overrides`); raises ConfigError naming the
+    first variant that does not validate."""
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     first = source.resolve().experiment.seed
     return [
         source.resolve(
             {
-                "algorithm": algorithm,
+                **variant_overrides(algorithm),
                 "experiment.seed": seed,
                 "experiment.trial": f"{stamp}-{algorithm}-s{seed}",
             },
@@ -73,7 +83,7 @@ def ablation(
     returns the parent run id, table and plot path."""
     requested = parse_parallel(parallel)
     algorithms = list(algorithms or DEFAULT_ALGORITHMS)
-    base = source.resolve({"algorithm": algorithms[0]})
+    base = source.resolve(variant_overrides(algorithms[0]))
     stamp = base.experiment.trial or time.strftime("%Y%m%d-%H%M%S")
     variants = ablation_variants(source, algorithms, seeds, stamp)
     n, why = resolve_parallelism(requested, variants)
@@ -83,10 +93,10 @@ def ablation(
         parent_id = parent.info.run_id
         jobs = [
             VariantJob(
-                name=f"{config.algorithm.name}-s{config.experiment.seed}",
+                name=f"{config.method}-s{config.experiment.seed}",
                 config=config,
                 parent_run_id=parent_id,
-                run_name=f"{config.algorithm.name}-s{config.experiment.seed}",
+                run_name=f"{config.method}-s{config.experiment.seed}",
                 flow_run_name=config.experiment.trial,
             )
             for config in variants
@@ -98,7 +108,7 @@ def ablation(
             results = run_all(jobs, n)
         runs = [
             {
-                "algorithm": job.config.algorithm.name,
+                "algorithm": job.config.method,
                 "seed": job.config.experiment.seed,
                 "mlflow_run_id": result["mlflow_run_id"],
                 "checkpoint_url": result["checkpoint_url"],

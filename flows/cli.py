@@ -248,7 +248,8 @@ def ablate(
     config: ConfigArg,
     overrides: OverridesArg = None,
     algos: Annotated[
-        str, typer.Option(help="Comma-separated algorithm presets.")
+        str,
+        typer.Option(help="Comma-separated algorithm presets; 'dpo' runs the recipe's DPO stage."),
     ] = "grpo,ppo,dapo",
     seeds: Annotated[int, typer.Option(help="Seeds per algorithm.")] = 1,
     parallel: ParallelOpt = "auto",

@@ -204,6 +204,18 @@ def test_typed_fields_hold_in_every_ablation_variant() -> None:
 
 
 @pytest.mark.unit
+def test_dpo_is_an_ablation_variant_beside_the_rl_presets() -> None:
+    """``dpo`` runs the recipe's DPO stage without RL; an RL preset runs without DPO; both keep
+    the recipe's data and warm start, and the runs are named and tagged by what trains."""
+    source = form_source(str(ROOT / "experiments" / "dpo_quickstart.yaml"),
+                         ["learner.total_steps=40"], form_values())  # fmt: skip
+    dpo, grpo = ablation_variants(source, ["dpo", "grpo"], seeds=1)
+    assert (dpo.dpo.enabled, dpo.learner.total_steps, dpo.method) == (True, 0, "dpo")
+    assert (grpo.dpo.enabled, grpo.learner.total_steps, grpo.method) == (False, 40, "grpo")
+    assert dpo.data == grpo.data and dpo.sft == grpo.sft and dpo.eval == grpo.eval
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("field", "override"),
     [
