@@ -184,7 +184,7 @@ async def evaluate_workflow(
 def task_reward(row: Trajectory) -> float:
     """The task's own reward of an episode: a learned reward model's share left out (RL with
     ``reward_model.use_in_rl`` trains on both; accuracy is the task's)."""
-    return float(row.metadata.get("task_reward", row.reward))
+    return float(row.metadata.get("metric/task_reward", row.reward))
 
 
 def _accuracy_by_task(samples: Sequence[dict[str, Any]], rewards: list[float]) -> dict[str, float]:

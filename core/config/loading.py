@@ -39,7 +39,7 @@ from core.data.templates import template_problems
 from core.rewards.registry import resolve_reward
 from core.rollout.api import workflow_class
 from core.schema import bound_problems
-from core.storage import filesystem, storage_retry
+from core.storage import filesystem, is_local, storage_retry
 
 logger = logging.getLogger(__name__)
 
@@ -289,11 +289,7 @@ def _check_reward_model(config: Config) -> None:
             f"core.workflows.rlvr:RLVRWorkflow), got rollout.workflow={config.rollout.workflow!r}"
         )
     local = Path(rm.path.removeprefix("file://")).expanduser()
-    if (
-        rm.path
-        and "://" not in rm.path.replace("file://", "")
-        and not (local / "config.json").exists()
-    ):
+    if rm.path and is_local(rm.path) and not (local / "config.json").exists():
         raise ConfigError(
             f"reward_model.path={rm.path!r}: no reward model folder (config.json) there"
         )

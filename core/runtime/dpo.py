@@ -22,7 +22,13 @@ from core.config import Config
 from core.data.preference import PreferencePairs
 from core.runtime.handles import LearnerHandle
 from core.runtime.metrics import MetricSink
-from core.runtime.preference import PairData, PairStage, PreferenceResult, train_on_pairs
+from core.runtime.preference import (
+    PairData,
+    PairStage,
+    PreferenceResult,
+    pairwise_wins,
+    train_on_pairs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +42,8 @@ def preference_metrics(
     """Held-out numbers from ``[pairs, 2]`` (chosen, rejected) log-probs (module docstring)."""
     chosen, rejected = policy[:, 0], policy[:, 1]
     margin = beta * ((chosen - reference[:, 0]) - (rejected - reference[:, 1]))
-    wins = (chosen > rejected).float() + 0.5 * (chosen == rejected).float()
     return {
-        "preference_accuracy": float(wins.mean()),
+        "preference_accuracy": pairwise_wins(chosen, rejected),
         "reward_accuracy": float((margin > 0).float().mean()),
         "reward_margin": float(margin.mean()),
         "chosen_logp": float(chosen.mean()),
@@ -59,8 +64,9 @@ def dpo_train(
     reference: list[torch.Tensor] = []  # the frozen reference's log-probs, computed once
 
     def evaluate(learners: LearnerHandle, data: PairData) -> dict[str, float]:
-        if not reference:
+        if not reference:  # the first call, before any step: the policy is the reference
             reference.append(data.score_test(partial(learners.sequence_logprobs, reference=True)))
+            return preference_metrics(reference[0], reference[0], d.beta)
         return preference_metrics(data.score_test(learners.sequence_logprobs), reference[0], d.beta)
 
     stage = PairStage("dpo", d.steps, d.batch_size, lambda learners: learners.dpo_step,

@@ -93,6 +93,11 @@ def _row(prompter: Prompter, pair: dict, answer: str | list[dict]) -> Trajectory
     return conversation_example(*prompter.conversation_ids([*opening, *turns]))
 
 
+def pairwise_wins(chosen: torch.Tensor, rejected: torch.Tensor) -> float:
+    """The share of pairs whose chosen score is higher (a tie counts half)."""
+    return float(((chosen > rejected).float() + 0.5 * (chosen == rejected).float()).mean())
+
+
 def pair_batch(rows: list[PairRows], pad_id: int) -> TrainBatch:
     """Chosen and rejected rows interleaved: rows 2i and 2i+1 are pair i."""
     return collate([row for pair in rows for row in pair], pad_id)

@@ -19,7 +19,13 @@ from core.config import Config
 from core.data.preference import PreferencePairs
 from core.runtime.handles import LearnerHandle
 from core.runtime.metrics import MetricSink
-from core.runtime.preference import PairData, PairStage, PreferenceResult, train_on_pairs
+from core.runtime.preference import (
+    PairData,
+    PairStage,
+    PreferenceResult,
+    pairwise_wins,
+    train_on_pairs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +35,8 @@ STEP_KEYS = ("loss", "accuracy", "margin", "chosen_reward", "rejected_reward", "
 def pairwise_metrics(rewards: torch.Tensor) -> dict[str, float]:
     """Held-out numbers from ``[pairs, 2]`` (chosen, rejected) rewards."""
     chosen, rejected = rewards[:, 0], rewards[:, 1]
-    wins = (chosen > rejected).float() + 0.5 * (chosen == rejected).float()
     return {
-        "accuracy": float(wins.mean()),
+        "accuracy": pairwise_wins(chosen, rejected),
         "margin": float((chosen - rejected).mean()),
         "chosen_reward": float(chosen.mean()),
         "rejected_reward": float(rejected.mean()),

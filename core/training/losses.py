@@ -104,21 +104,28 @@ class SFTLoss(_MaskAggregatedLoss):
 
 
 @dataclass
-class DPOLoss:
-    """DPO/IPO (``core.algorithms.dpo_loss``) on rows in pairs: row ``2i`` is a pair's chosen
-    answer, row ``2i+1`` its rejected one; the field ``ref_logprobs`` holds the frozen
-    reference's per-token log-probs. Sequence log-probs are sums over the answer's loss tokens;
-    ``D`` is the number of pairs. ``nll_coef`` > 0 adds that times the chosen answer's per-token
-    NLL (RPO, Pang et al., arXiv 2404.19733), which keeps the chosen answers likely."""
+class _PairLoss:
+    """A loss over rows in (chosen, rejected) pairs: each pair whole in one micro-batch, ``D``
+    the number of pairs."""
 
-    beta: float = 0.1
-    kind: str = "sigmoid"
-    nll_coef: float = 0.0
     needs_entropy: bool = False
     rows_per_example: int = 2
 
     def normalizer(self, micro_batches: Sequence[TrainBatch]) -> float:
         return sum(len(m) for m in micro_batches) / 2
+
+
+@dataclass
+class DPOLoss(_PairLoss):
+    """DPO/IPO (``core.algorithms.dpo_loss``) on rows in pairs: row ``2i`` is a pair's chosen
+    answer, row ``2i+1`` its rejected one; the field ``ref_logprobs`` holds the frozen
+    reference's per-token log-probs. Sequence log-probs are sums over the answer's loss tokens.
+    ``nll_coef`` > 0 adds that times the chosen answer's per-token
+    NLL (RPO, Pang et al., arXiv 2404.19733), which keeps the chosen answers likely."""
+
+    beta: float = 0.1
+    kind: str = "sigmoid"
+    nll_coef: float = 0.0
 
     def __call__(self, micro: TrainBatch, outputs: Tensor, normalizer: float) -> LossOutput:
         policy = (outputs * micro.loss_mask).sum(-1)
@@ -137,17 +144,11 @@ class DPOLoss:
 
 
 @dataclass
-class RewardModelLoss:
+class RewardModelLoss(_PairLoss):
     """Bradley–Terry (``core.algorithms.reward_model_loss``) on rows in pairs, as
     :class:`DPOLoss`; ``outputs`` are a value model's ``[n, t]`` values and a row's reward is
     the value at its last token (read from the hidden state of the token before it: the whole
-    prompt and answer). ``D`` is the number of pairs."""
-
-    needs_entropy: bool = False
-    rows_per_example: int = 2
-
-    def normalizer(self, micro_batches: Sequence[TrainBatch]) -> float:
-        return sum(len(m) for m in micro_batches) / 2
+    prompt and answer)."""
 
     def __call__(self, micro: TrainBatch, outputs: Tensor, normalizer: float) -> LossOutput:
         rewards = last_token_values(outputs, micro.attention_mask)

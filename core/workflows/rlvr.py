@@ -71,8 +71,7 @@ class RLVRWorkflow:
         scores: dict[str, float] = {}
         if self.reward_model is not None:  # the task reward stays what evaluation reports
             learned = await self.reward_model(prompt + response.output_ids)
-            scores = {"task_reward": reward, "metric/task_reward": reward,
-                      "metric/reward_model": learned}  # fmt: skip
+            scores = {"metric/task_reward": reward, "metric/reward_model": learned}
             reward = self.reward_coefs[0] * learned + self.reward_coefs[1] * reward
         n = len(response.output_ids)
         return Trajectory(
