@@ -8,6 +8,9 @@ Layout of one checkpoint::
     {url}/step-000020/recover.json      version, data position, executor counters, RNG, config hash
     {url}/step-000020/COMMITTED         written last: a checkpoint without it is torn and ignored
 
+The pair stages before RL (reward model, DPO) commit theirs, without the HF export, under
+``{url}/{stage}/`` (:mod:`core.runtime.stage_resume`).
+
 Storage calls time out and are retried with backoff (``core.storage.storage_retry``).
 """
 
@@ -20,6 +23,7 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
+from core.config import Config
 from core.storage import filesystem, join, storage_retry
 from core.training import checkpoint_problems, hf_folder_problems
 
@@ -30,14 +34,28 @@ RECOVER_KEYS = ("version", "rollout", "rng", "config_hash")
 _STEP = re.compile(r"step-(\d+)$")
 
 
+def checkpoint_url(config: Config) -> str:
+    """``checkpoint.url``, or ``{run_dir}/checkpoints`` when it is empty."""
+    return config.checkpoint.url or join(config.run_dir, "checkpoints")
+
+
 class CheckpointManager:
     """Lists, commits and prunes the checkpoints of one run."""
 
-    def __init__(self, url: str, keep_last: int = 2) -> None:
+    def __init__(
+        self,
+        url: str,
+        keep_last: int = 2,
+        *,
+        recover_keys: tuple[str, ...] = RECOVER_KEYS,
+        with_hf: bool = True,
+    ) -> None:
         if keep_last < 1:
             raise ValueError(f"checkpoint.keep_last must be >= 1, got {keep_last}")
         self.url = url.rstrip("/")
         self.keep_last = keep_last
+        self.recover_keys = recover_keys  # what a valid recover.json holds
+        self.with_hf = with_hf  # whether a checkpoint holds the policy's HF export (RL's do)
         self.fs, self.root = filesystem(self.url)
 
     def path(self, step: int) -> str:
@@ -93,7 +111,7 @@ class CheckpointManager:
             recover = self.load_recover(step)
         except (OSError, ValueError) as err:
             return [f"{self.path(step)}/recover.json unreadable: {err}"]
-        missing = [key for key in RECOVER_KEYS if key not in recover]
+        missing = [key for key in self.recover_keys if key not in recover]
         if missing:
             return [f"{self.path(step)}/recover.json lacks {missing}"]
         _, learner = url_to_fs(join(self.path(step), "learner"))
@@ -104,7 +122,9 @@ class CheckpointManager:
         for role in sorted(roles):
             name = role.rstrip("/").rsplit("/", 1)[-1]
             problems += checkpoint_problems(join(self.path(step), "learner", name))
-        return problems + hf_folder_problems(join(self.path(step), "hf"))
+        if self.with_hf:
+            problems += hf_folder_problems(join(self.path(step), "hf"))
+        return problems
 
     def _prune(self) -> None:
         steps = self.committed_steps()

@@ -61,13 +61,14 @@ def dpo_train(
     """Run ``dpo.steps`` optimizer steps from ``model_dir``; returns the exported model (under
     ``{run_dir}/dpo``) and the held-out preference numbers before and after."""
     d = config.dpo
-    reference: list[torch.Tensor] = []  # the frozen reference's log-probs, computed once
+    reference: list[torch.Tensor] = []  # the frozen reference's held-out log-probs, once
 
-    def evaluate(learners: LearnerHandle, data: PairData) -> dict[str, float]:
-        if not reference:  # the first call, before any step: the policy is the reference
+    def evaluate(learners: LearnerHandle, data: PairData, trained: bool) -> dict[str, float]:
+        if not reference:
             reference.append(data.score_test(partial(learners.sequence_logprobs, reference=True)))
-            return preference_metrics(reference[0], reference[0], d.beta)
-        return preference_metrics(data.score_test(learners.sequence_logprobs), reference[0], d.beta)
+        # Before the first step the policy is the reference: no second pass.
+        policy = data.score_test(learners.sequence_logprobs) if trained else reference[0]
+        return preference_metrics(policy, reference[0], d.beta)
 
     stage = PairStage("dpo", d.steps, d.batch_size, lambda learners: learners.dpo_step,
                       evaluate, STEP_KEYS)  # fmt: skip

@@ -29,6 +29,7 @@ from core.runtime.preference import PreferenceResult, needs_pairs, prepare_pairs
 from core.runtime.reward_model import reward_model_train
 from core.runtime.run_lock import lock_run
 from core.runtime.sft import sft_warm_start
+from core.runtime.stage_resume import stage_result
 from core.runtime.stages import (
     PreparedData,
     build_or_load_model,
@@ -122,11 +123,13 @@ class Pipeline:
             n = min(cfg.eval.n_problems or len(data.test), len(data.test))
             ticks = self._ticks("evaluate", n)
             evaluation = self._stage("evaluate", evaluate_model, cfg, model_dir, data.test, ticks)
-        sft_loss = self.memory.series("sft/loss")
+        sft_loss = [loss for _, loss in self.memory.series("sft/loss")]
+        if not sft_loss and cfg.sft.enabled:  # reused from an earlier attempt (recover=auto)
+            sft_loss = [(stage_result(cfg, "sft") or {}).get("final_loss")]
         facts = {
             "timings": dict(self.timings),  # up to the report
             "wall_seconds": time.perf_counter() - started,
-            "sft_final_loss": sft_loss[-1][1] if sft_loss else None,
+            "sft_final_loss": sft_loss[-1] if sft_loss else None,
             **self._preference_facts(evaluation),
             **(extra or {}),
         }

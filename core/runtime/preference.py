@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -22,12 +22,20 @@ from core.data.preference import PreferencePairs, load_pairs, task_pairs
 from core.data.prompting import Prompter
 from core.models import load_tokenizer
 from core.rollout.api import Trajectory
+from core.runtime.checkpointing import CheckpointManager
 from core.runtime.handles import LearnerHandle
 from core.runtime.metrics import MetricSink
 from core.runtime.placement import start_learners
 from core.runtime.sft import conversation_example, sft_example
+from core.runtime.stage_resume import (
+    finished_stage,
+    mark_finished,
+    resume_point,
+    stage_checkpoints,
+    stage_params,
+)
 from core.runtime.stages import PreparedData, data_seed
-from core.storage import join, local_path, upload_dir, write_json, write_jsonl
+from core.storage import join, local_path, remove_dir, upload_dir, write_json, write_jsonl
 from core.training import TrainBatch, collate
 
 logger = logging.getLogger(__name__)
@@ -50,6 +58,14 @@ class PreferenceResult:
     def summary(self) -> dict:
         return {"steps": self.steps, "seconds": self.seconds, "before": self.before,
                 "after": self.after, "model_dir": self.model_dir, **self.notes}  # fmt: skip
+
+    @classmethod
+    def from_record(cls, model_dir: str, summary: dict) -> PreferenceResult:
+        """A finished stage's result, read back from its :meth:`summary` (its folder local)."""
+        keys = ("steps", "seconds", "before", "after", "model_dir")
+        notes = {k: v for k, v in summary.items() if k not in keys}
+        return cls(model_dir, summary["before"], summary["after"], summary["steps"],
+                   summary["seconds"], notes)  # fmt: skip
 
 
 def needs_pairs(config: Config) -> bool:
@@ -128,11 +144,10 @@ class PairData:
             batch_size=batch_size,
         )
 
-    def batches(self) -> Iterator[TrainBatch]:
-        loader = ResumableDataLoader(self.train, batch_size=self.batch_size, shuffle=True,
-                                     seed=self.seed)  # fmt: skip
-        while True:
-            yield pair_batch(loader.next_batch(), self.pad_id)
+    def loader(self) -> ResumableDataLoader:
+        """The training pairs, shuffled per epoch by the run's seed (resumable)."""
+        return ResumableDataLoader(self.train, batch_size=self.batch_size, shuffle=True,
+                                   seed=self.seed)  # fmt: skip
 
     def score_test(self, score: Callable[[TrainBatch], torch.Tensor]) -> torch.Tensor:
         """``[pairs, 2]`` (chosen, rejected) scores of the held-out pairs, ``score`` giving one
@@ -152,7 +167,8 @@ class PairStage:
     steps: int
     batch_size: int
     step: Callable[[LearnerHandle], Callable[[TrainBatch], dict[str, float]]]  # its train step
-    evaluate: Callable[[LearnerHandle, PairData], dict[str, float]]  # held-out numbers
+    # Held-out numbers; ``trained`` is False before the first step of the stage.
+    evaluate: Callable[[LearnerHandle, PairData, bool], dict[str, float]]
     step_keys: tuple[str, ...]  # of a step's statistics, the ones logged
 
 
@@ -166,22 +182,41 @@ def train_on_pairs(
 ) -> PreferenceResult:
     """Held-out numbers, ``stage.steps`` optimizer steps on the learner ranks, numbers again;
     the model is exported to ``{run_dir}/{stage.name}``. Metrics: ``{name}/*`` per step and
-    ``{name}_eval/*`` at the first and last."""
+    ``{name}_eval/*`` at the first and last.
+
+    Under ``checkpoint.recover=auto`` a stage this run finished is reused, and one stopped
+    midway goes on from its newest checkpoint (:mod:`core.runtime.stage_resume`).
+    """
+    done = finished_stage(config, stage.name)
+    if done is not None:
+        return PreferenceResult.from_record(*done)
     data = PairData.build(config, model_dir, pairs, stage.batch_size)
+    ckpt = stage_checkpoints(config, stage.name)
+    every = config.checkpoint.every_n_steps
+    loader = data.loader()
     learners = start_learners(config, str(model_dir), mode=stage.name)
     try:
-        before = stage.evaluate(learners, data)
-        sink.log_metrics({f"{stage.name}_eval/{k}": v for k, v in before.items()}, 0)
-        started, batches, step = time.perf_counter(), data.batches(), stage.step(learners)
-        for k in range(stage.steps):
-            stats = step(next(batches))
+        resume = resume_point(config, stage.name, ckpt)
+        if resume is None:
+            start, spent, before = 0, 0.0, stage.evaluate(learners, data, False)
+            sink.log_metrics({f"{stage.name}_eval/{k}": v for k, v in before.items()}, 0)
+        else:
+            learners.load_checkpoint(resume["url"])
+            loader.load_state_dict(resume["loader"])
+            start, spent, before = resume["step"], resume["seconds"], resume["before"]
+        started, step = time.perf_counter(), stage.step(learners)
+        for k in range(start, stage.steps):
+            stats = step(pair_batch(loader.next_batch(), data.pad_id))
             metrics = {f"{stage.name}/{key}": stats[key] for key in stage.step_keys}
             metrics[f"{stage.name}/tokens_per_s"] = stats["tokens"] / max(stats["seconds"], 1e-9)
             sink.log_metrics(metrics, k + 1)
+            if every and (k + 1) % every == 0 and k + 1 < stage.steps:
+                seconds = spent + time.perf_counter() - started
+                _commit(config, stage.name, ckpt, learners, k + 1, loader, before, seconds)
             if on_step is not None:
                 on_step(1)
-        seconds = time.perf_counter() - started
-        after = stage.evaluate(learners, data)
+        seconds = spent + time.perf_counter() - started
+        after = stage.evaluate(learners, data, stage.steps > 0)
         sink.log_metrics({f"{stage.name}_eval/{k}": v for k, v in after.items()}, stage.steps)
         url = join(config.run_dir, stage.name)
         out = local_path(url)
@@ -189,5 +224,26 @@ def train_on_pairs(
         upload_dir(out, url)
     finally:
         learners.close()
-    notes = {"n_test_pairs": len(data.test)}
-    return PreferenceResult(str(out), before, after, stage.steps, seconds, notes)
+    notes = {"n_test_pairs": len(data.test), **({"resumed_from": start} if start else {})}
+    result = PreferenceResult(str(out), before, after, stage.steps, seconds, notes)
+    mark_finished(config, stage.name, result.summary())
+    remove_dir(ckpt.url)  # the stage is done: its optimizer states are not needed again
+    return result
+
+
+def _commit(
+    config: Config,
+    name: str,
+    ckpt: CheckpointManager,
+    learners: LearnerHandle,
+    step: int,
+    loader: ResumableDataLoader,
+    before: dict[str, float],
+    seconds: float,
+) -> None:
+    """Checkpoint a pair stage after ``step`` optimizer steps."""
+    ckpt.begin(step)
+    learners.save_checkpoint(join(ckpt.path(step), "learner"))
+    record = {"step": step, "loader": loader.state_dict(), "before": before, "seconds": seconds,
+              "params": stage_params(config, name)}  # fmt: skip
+    ckpt.commit(step, record)

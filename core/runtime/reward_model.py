@@ -43,7 +43,7 @@ def pairwise_metrics(rewards: torch.Tensor) -> dict[str, float]:
     }
 
 
-def _evaluate(learners: LearnerHandle, data: PairData) -> dict[str, float]:
+def _evaluate(learners: LearnerHandle, data: PairData, trained: bool) -> dict[str, float]:
     return pairwise_metrics(data.score_test(learners.sequence_rewards))
 
 

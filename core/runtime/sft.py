@@ -15,6 +15,7 @@ from core.models import load_tokenizer
 from core.rollout.api import Trajectory
 from core.runtime.metrics import MetricSink
 from core.runtime.placement import start_learners
+from core.runtime.stage_resume import finished_stage, mark_finished
 from core.storage import join, local_path, upload_dir
 from core.training import collate
 
@@ -60,7 +61,11 @@ def sft_warm_start(
     sink: MetricSink,
     on_step: Callable[[int], None] | None = None,
 ) -> Path:
-    """Run ``sft.steps`` optimizer steps; returns the local HF folder of the warm-started model."""
+    """Run ``sft.steps`` optimizer steps; returns the local HF folder of the warm-started model
+    (under ``recover=auto``, the one this run already trained: core/runtime/stage_resume.py)."""
+    done = finished_stage(config, "sft")
+    if done is not None:
+        return Path(done[0])
     sft = config.sft
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_dir)
     prompter = Prompter.from_config(config, tokenizer)
@@ -69,7 +74,7 @@ def sft_warm_start(
         examples, batch_size=sft.batch_size, shuffle=True, seed=config.experiment.seed
     )
     learners = start_learners(config, str(model_dir), mode="sft")
-    started = time.perf_counter()
+    started, loss = time.perf_counter(), None
     try:
         for step in range(sft.steps):
             batch = collate(loader.next_batch(), tokenizer.pad_token_id)
@@ -83,6 +88,7 @@ def sft_warm_start(
                 },
                 step,
             )
+            loss = stats["loss"]
             if on_step is not None:
                 on_step(1)
         url = join(config.run_dir, "sft")
@@ -91,5 +97,7 @@ def sft_warm_start(
         upload_dir(out, url)
     finally:
         learners.close()
-    logger.info("SFT: %d steps in %.1f s", sft.steps, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    mark_finished(config, "sft", {"steps": sft.steps, "seconds": seconds, "final_loss": loss})
+    logger.info("SFT: %d steps in %.1f s", sft.steps, seconds)
     return out

@@ -37,7 +37,7 @@ from core.config import Config
 from core.models import load_tokenizer
 from core.rollout.api import Group
 from core.runtime.advantages import with_advantages
-from core.runtime.checkpointing import CheckpointManager
+from core.runtime.checkpointing import CheckpointManager, checkpoint_url
 from core.runtime.fleet import ServerFleet, launch_fleet, launches_servers, with_servers
 from core.runtime.handles import LearnerHandle, RolloutHandle
 from core.runtime.metrics import (
@@ -75,10 +75,6 @@ class RLResult:
     evals: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, float] = field(default_factory=dict)
     rollout_stats: dict[str, Any] = field(default_factory=dict)
-
-
-def checkpoint_url(config: Config) -> str:
-    return config.checkpoint.url or join(config.run_dir, "checkpoints")
 
 
 def to_batch(groups: list[Group], pad_id: int) -> TrainBatch:

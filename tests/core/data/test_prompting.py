@@ -103,6 +103,7 @@ def test_a_chat_model_learns_to_end_its_turn_and_rl_runs(tmp_path: Path) -> None
                 "data.n_test=4",
                 "eval.n_problems=4",
                 "sft.steps=60",
+                "sft.batch_size=16",
                 "sft.warmup_steps=5",
                 "learner.total_steps=2",
                 "rollout.batch_size=4",
