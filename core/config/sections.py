@@ -19,6 +19,7 @@ from core.data.synthetic import SyntheticSpec
 from core.schema import documented
 from core.workflows.search_data import SearchSpec
 from core.workflows.support_data import SupportSpec
+from core.workflows.terminal_data import TerminalSpec
 from core.workflows.textarena_game import TextArenaSpec
 from core.workflows.verifiers_env import VerifiersSpec
 
@@ -165,7 +166,8 @@ class DataConfig:
         "game, for the agent core.workflows.textarena_game:play), 'verifiers' (a verifiers "
         "environment's rows, for the agent core.workflows.verifiers_env:play), 'customer_service' "
         "(simulated customers with a hidden goal and their orders, for the agent "
-        "core.workflows.support_agent:serve), 'gsm8k', "
+        "core.workflows.support_agent:serve), 'terminal' (files and questions or chores about "
+        "them, for the bash agent core.workflows.terminal_agent:serve), 'gsm8k', "
         "'dataset' (any "
         "tabular data: data.path and the column keys), or a 'module:function' path to a source "
         "registered with @data_source (core/data/sources.py).",
@@ -272,6 +274,10 @@ class DataConfig:
         help="source=customer_service: the simulated customers' goals and orders, and the "
         "SFT conversations' mix.",
         factory=SupportSpec,
+    )
+    terminal: TerminalSpec = documented(
+        help="source=terminal: the task kinds, their files and the SFT conversations' mix.",
+        factory=TerminalSpec,
     )
 
 
@@ -644,7 +650,12 @@ class CheckpointConfig:
     url: str = documented(
         "", "Where checkpoints go (any fsspec URL); empty = {run_dir}/checkpoints."
     )
-    every_n_steps: int = documented(20, "Checkpoint every N RL steps (0 = only at the end).", ge=0)
+    every_n_steps: int = documented(
+        20,
+        "Checkpoint every N RL steps (0 = only at the end); the reward-model and DPO stages "
+        "also every N of their steps (their checkpoints are removed when the stage finishes).",
+        ge=0,
+    )
     keep_last: int = documented(2, "Committed checkpoints to keep.", gt=0)
     on_signal: bool = documented(
         False,
@@ -654,7 +665,10 @@ class CheckpointConfig:
     recover: str = documented(
         "off",
         "'off' or 'auto': resume from the newest valid committed checkpoint (a torn or corrupt "
-        "one is skipped with a warning); without experiment.trial, of the latest run.",
+        "one is skipped with a warning); without experiment.trial, of the latest run. The "
+        "stages before RL (SFT, reward model, DPO) that the run finished are reused unless "
+        "their settings changed, and a reward-model or DPO stage stopped midway goes on from "
+        "its own checkpoint.",
         choices=("off", "auto"),
     )
 

@@ -2,8 +2,8 @@
 
 A source is a function ``(data config, seed) -> Splits`` registered with :func:`data_source`:
 generated ones (``synthetic``, ``code_synthetic``, ``reasoning_gym``; ``search_synthetic``,
-``textarena`` and ``customer_service`` registered in core/workflows/ beside their environments) and loaded ones
-(``gsm8k``, ``humaneval``, ``dataset``).
+``textarena``, ``customer_service`` and ``terminal`` registered in core/workflows/ beside their
+environments) and loaded ones (``gsm8k``, ``humaneval``, ``dataset``).
 ``data.source`` also takes a ``"module.sub:function"`` path to a source of the user's own::
 
     @data_source("my_puzzles", generated=True)

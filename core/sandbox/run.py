@@ -97,6 +97,17 @@ class SandboxLimits:
             )
 
 
+@dataclass(frozen=True)
+class Program:
+    """What a jailed call runs (its stdin is the call's input): by default the Python prelude,
+    which reads the code from stdin."""
+
+    argv: list[str]
+    # RLIMIT_NPROC: 0 = no fork (Python tool code needs none). It counts every process of the
+    # tool's real uid: for a root caller 65534, shared by all calls running at once.
+    max_processes: int = 0
+
+
 @dataclass
 class ToolResult:
     """Outcome of one sandboxed run; user-code failures land here, never as exceptions."""
@@ -151,9 +162,14 @@ def _view() -> tuple[dict[str, str], ...]:
 
 
 def _jail_config(
-    limits: SandboxLimits, want: set[str], status_fd: int, host_workdir: str | None
+    limits: SandboxLimits,
+    want: set[str],
+    status_fd: int,
+    host_workdir: str | None,
+    program: Program | None = None,
 ) -> dict:
     mib, cpu = 1024 * 1024, limits.cpu_time_s
+    program = program or Program([_interpreter(), *_PYTHON_FLAGS, "-c", _PRELUDE])
     workdir = host_workdir or WORKDIR
     return {
         "want": sorted(want),
@@ -169,9 +185,9 @@ def _jail_config(
             (resource.RLIMIT_FSIZE, limits.max_file_mb * mib, limits.max_file_mb * mib),
             (resource.RLIMIT_NOFILE, 32, 32),
             (resource.RLIMIT_CORE, 0, 0),
-            (resource.RLIMIT_NPROC, 0, 0),
+            (resource.RLIMIT_NPROC, program.max_processes, program.max_processes),
         ],
-        "argv": [_interpreter(), *_PYTHON_FLAGS, "-c", _PRELUDE],
+        "argv": program.argv,
         "env": {"HOME": workdir, "TMPDIR": workdir, "PATH": "/usr/bin:/bin"},
     }
 
@@ -348,8 +364,16 @@ def _describe(rc: int, stderr: str, limits: SandboxLimits) -> str:
 
 async def run_python(code: str, limits: SandboxLimits = DEFAULT_LIMITS) -> ToolResult:
     """Run ``code`` as ``__main__`` in a fresh jailed process; never raises for user errors."""
+    return await run_jailed(code, limits)
+
+
+async def run_jailed(
+    stdin: str, limits: SandboxLimits = DEFAULT_LIMITS, program: Program | None = None
+) -> ToolResult:
+    """Run ``program`` (default: Python, reading its code from stdin) in a fresh jail with
+    ``stdin`` as its input; never raises for user errors."""
     start = time.monotonic()
-    source = code.encode("utf-8", "replace")
+    source = stdin.encode("utf-8", "replace")
     if len(source) > _MAX_CODE_BYTES:
         return ToolResult(False, "", f"code too large ({len(source)} bytes)", False, 0.0)
     iso = await asyncio.to_thread(isolation)
@@ -363,18 +387,23 @@ async def run_python(code: str, limits: SandboxLimits = DEFAULT_LIMITS) -> ToolR
             return ToolResult(False, "", error, False, time.monotonic() - start)
     host_workdir = None if "mount-namespace" in iso.available else _make_host_workdir()
     try:
-        return await _execute(source, limits, set(iso.available), host_workdir, start)
+        return await _execute(source, limits, set(iso.available), host_workdir, start, program)
     finally:
         if host_workdir:
             await asyncio.to_thread(_remove_tree, host_workdir)
 
 
 async def _execute(
-    source: bytes, limits: SandboxLimits, want: set[str], host_workdir: str | None, start: float
+    source: bytes,
+    limits: SandboxLimits,
+    want: set[str],
+    host_workdir: str | None,
+    start: float,
+    program: Program | None = None,
 ) -> ToolResult:
     pipe = asyncio.subprocess.PIPE
     status_r, status_w = os.pipe()
-    config = _jail_config(limits, want, status_w, host_workdir)
+    config = _jail_config(limits, want, status_w, host_workdir, program)
     if sys.platform.startswith("linux"):
         argv, env, preexec = _jail_argv(config), {}, None
     else:  # no jail (best_effort only): the interpreter, rlimits and the audit hook

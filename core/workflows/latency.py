@@ -14,9 +14,10 @@ out on the same calls.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,15 +66,17 @@ class ToolClock:
         self.n_timeouts = 0
         self.waited_s = 0.0  # drawn latency, capped at the limit
 
-    async def call(self, name: str, tool: Callable[[], str]) -> str:
-        """``tool()``'s result after the drawn latency, or a timeout error past the limit."""
+    async def call(self, name: str, tool: Callable[[], str | Awaitable[str]]) -> str:
+        """``tool()``'s result (awaited when it is a coroutine) after the drawn latency, or a
+        timeout error past the limit."""
         latency = self.spec.draw(self.rng)
         self.n_calls += 1
 
         async def slow() -> str:
             if latency:
                 await asyncio.sleep(latency)
-            return tool()
+            result = tool()
+            return await result if inspect.isawaitable(result) else result
 
         limit = self.spec.timeout_s or None
         try:

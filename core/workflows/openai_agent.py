@@ -32,6 +32,7 @@ from core.inference.api import InferenceEngine, SamplingParams
 from core.plugins import load_object
 from core.rewards.verifier_pool import Scorer, scorer_from_config
 from core.rollout.api import Trajectory
+from core.sandbox import SandboxLimits
 from core.workflows.latency import LatencySpec
 from core.workflows.openai_client import AgentChatClient
 
@@ -48,6 +49,9 @@ class AgentEpisode:
     # (run them through core.workflows.latency.ToolClock)
     tool_latency: LatencySpec = field(default_factory=LatencySpec)
     info: dict[str, Any] = field(default_factory=dict)  # the agent's notes -> trajectory metadata
+    # rollout.tool_timeout_s/sandbox: the limits of tools that run model-written code in the
+    # sandbox (core.sandbox: run_python, run_bash)
+    sandbox: SandboxLimits = field(default_factory=SandboxLimits)
 
 
 TRAJECTORY_MODES = ("conversation", "per_turn")
@@ -81,6 +85,7 @@ class OpenAIAgentWorkflow:
         max_turns: int = 4,
         tool_latency: LatencySpec | None = None,
         trajectory_mode: str = "conversation",
+        sandbox: SandboxLimits | None = None,
     ) -> None:
         if prompter.prompt_format != "chat":
             raise ValueError("the agent workflow speaks chat: set data.prompt_format=chat")
@@ -91,6 +96,7 @@ class OpenAIAgentWorkflow:
         self.prompter = prompter
         self.max_turns = max_turns
         self.tool_latency = tool_latency or LatencySpec()
+        self.sandbox = sandbox or SandboxLimits()
         if trajectory_mode not in TRAJECTORY_MODES:
             raise ValueError(
                 f"rollout.trajectory_mode={trajectory_mode!r}: expected one of {TRAJECTORY_MODES}"
@@ -109,6 +115,7 @@ class OpenAIAgentWorkflow:
             max_turns=r.max_turns,
             tool_latency=LatencySpec(r.tool_latency_s, r.tool_latency_p99_s, r.tool_timeout_s),
             trajectory_mode=r.trajectory_mode,
+            sandbox=SandboxLimits(wall_time_s=r.tool_timeout_s, isolation=r.sandbox),
         )
 
     def close(self) -> None:
@@ -124,7 +131,7 @@ class OpenAIAgentWorkflow:
         started = time.monotonic()
         client = AgentChatClient(engine, self.tokenizer, self.sampling, seed=sample.get("seed"))
         episode = AgentEpisode(client, sample, self.opening(sample), self.max_turns,
-                               self.tool_latency)  # fmt: skip
+                               self.tool_latency, sandbox=self.sandbox)  # fmt: skip
         result = await self.agent(episode)
         if result is None:
             return None

@@ -8,14 +8,15 @@ returns that reply's text as the final answer.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from core.inference.tool_calls import error_message
 from core.workflows.latency import ToolClock, episode_seed
 from core.workflows.openai_agent import AgentEpisode
 
-RunTool = Callable[[str, str | None], str]  # (name, JSON arguments) -> the result text
+# (name, JSON arguments) -> the result text, or a coroutine of it
+RunTool = Callable[[str, str | None], str | Awaitable[str]]
 
 
 async def tool_turns(message: Any, clock: ToolClock, run_tool: RunTool) -> list[dict[str, Any]]:
@@ -36,7 +37,9 @@ def tool_counts(clock: ToolClock) -> dict[str, Any]:
             "tool_wait_s": clock.waited_s}  # fmt: skip
 
 
-async def tool_loop(episode: AgentEpisode, tools: list[dict[str, Any]], run_tool: RunTool) -> str:
+async def tool_loop(
+    episode: AgentEpisode, tools: list[dict[str, Any]] | None, run_tool: RunTool
+) -> str:
     """Run the loop above; tool counts and waiting time go to ``episode.info``."""
     clock = ToolClock(episode.tool_latency, episode_seed(episode.sample))
     messages: list[Any] = list(episode.messages)

@@ -61,6 +61,7 @@ def test_the_built_ins_are_registered() -> None:
         "textarena": True,  # the same
         "verifiers": False,  # the same; an environment's own rows
         "customer_service": True,  # the same
+        "terminal": True,  # the same
     }
 
 

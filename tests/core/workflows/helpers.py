@@ -6,6 +6,36 @@ import json
 from pathlib import Path
 from typing import Any
 
+from openai.types.chat import ChatCompletion
+
+
+class ReplayClient:
+    """Stands in for the model behind ``episode.client``: replies with a solved conversation's
+    assistant turns, in order, as the SDK's ChatCompletion; keeps what it was sent."""
+
+    def __init__(self, turns: list[dict[str, Any]]) -> None:
+        self.turns = iter(turns)
+        self.sent: list[list[Any]] = []
+        self.tools: list[Any] = []  # the tools each call listed
+        self.chat = self
+        self.completions = self
+
+    async def create(self, messages: list[Any], tools: Any = None, **_: object) -> ChatCompletion:
+        self.sent.append(list(messages))
+        self.tools.append(tools)
+        turn = next(self.turns)
+        message: dict[str, Any] = {"role": "assistant", "content": turn["content"] or None}
+        if turn.get("tool_calls"):
+            message["tool_calls"] = [
+                {**c, "function": {"name": c["function"]["name"],
+                                   "arguments": json.dumps(c["function"]["arguments"])}}
+                for c in turn["tool_calls"]
+            ]  # fmt: skip
+        return ChatCompletion.model_validate({
+            "id": "r", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        })  # fmt: skip
+
 
 def trained_spans(tokenizer: Any, ids: list[int], mask: list[int]) -> list[str]:
     """The decoded runs of consecutive trained tokens (``mask`` 1), in order."""

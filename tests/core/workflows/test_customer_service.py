@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from openai.types.chat import ChatCompletion
 
 from core.config import ConfigError, load_config
 from core.data.sources import resolve_source
@@ -19,7 +18,7 @@ from core.workflows.openai_agent import AgentEpisode
 from core.workflows.support_agent import serve
 from core.workflows.support_data import SupportSpec, solved_conversation, support_splits
 from core.workflows.support_env import TOOLS, Customer, Desk, Goal, Order, goal_met
-from tests.core.workflows.helpers import two_step_run, two_trained_steps
+from tests.core.workflows.helpers import ReplayClient, two_step_run, two_trained_steps
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "experiments" / "customer_service.yaml"
@@ -125,39 +124,11 @@ def test_every_sft_conversation_is_solved_and_acts_blind_only_where_that_was_all
         assert 0.55 < len(blind) / len(requests) < 0.8
 
 
-class _Replay:
-    """Stands in for the model behind ``episode.client``: replies with a solved conversation's
-    assistant turns, in order, as the SDK's ChatCompletion; keeps what it was sent."""
-
-    def __init__(self, turns: list[dict[str, Any]]) -> None:
-        self.turns = iter(turns)
-        self.sent: list[list[Any]] = []
-        self.tools: list[Any] = []  # the tools each call listed
-        self.chat = self
-        self.completions = self
-
-    async def create(self, messages: list[Any], tools: Any = None, **_: object) -> ChatCompletion:
-        self.sent.append(list(messages))
-        self.tools.append(tools)
-        turn = next(self.turns)
-        message: dict[str, Any] = {"role": "assistant", "content": turn["content"] or None}
-        if turn.get("tool_calls"):
-            message["tool_calls"] = [
-                {**c, "function": {"name": c["function"]["name"],
-                                   "arguments": json.dumps(c["function"]["arguments"])}}
-                for c in turn["tool_calls"]
-            ]  # fmt: skip
-        return ChatCompletion.model_validate({
-            "id": "r", "object": "chat.completion", "created": 0, "model": "m",
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-        })  # fmt: skip
-
-
 def _episode(
     sample: dict[str, Any], turns: list[dict[str, Any]], max_turns: int = 6
 ) -> AgentEpisode:
     opening = [{"role": "user", "content": sample["question"]}]
-    return AgentEpisode(client=_Replay(turns), sample=sample, messages=opening,  # type: ignore[arg-type]
+    return AgentEpisode(client=ReplayClient(turns), sample=sample, messages=opening,  # type: ignore[arg-type]
                         max_turns=max_turns)  # fmt: skip
 
 
