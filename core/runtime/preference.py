@@ -198,12 +198,15 @@ def train_on_pairs(
     try:
         resume = resume_point(config, stage.name, ckpt)
         if resume is None:
+            remove_dir(ckpt.url)  # another attempt's (stale) checkpoints must not be pruned into
             start, spent, before = 0, 0.0, stage.evaluate(learners, data, False)
             sink.log_metrics({f"{stage.name}_eval/{k}": v for k, v in before.items()}, 0)
         else:
             learners.load_checkpoint(resume["url"])
             loader.load_state_dict(resume["loader"])
             start, spent, before = resume["step"], resume["seconds"], resume["before"]
+            if on_step is not None:
+                on_step(start)
         started, step = time.perf_counter(), stage.step(learners)
         for k in range(start, stage.steps):
             stats = step(pair_batch(loader.next_batch(), data.pad_id))

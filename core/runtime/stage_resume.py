@@ -20,18 +20,21 @@ from typing import Any
 
 from core.config import Config, run_params
 from core.runtime.checkpointing import CheckpointManager, checkpoint_url
-from core.storage import exists, fetch_dir, join, read_text, write_json
+from core.storage import exists, fetch_dir, join, read_text, remove_file, write_json
 from core.training import hf_folder_problems
 
 logger = logging.getLogger(__name__)
 
 RECORD = "stage.json"
-# The config sections each stage's output depends on, and the keys in them that only RL reads.
+# The config sections each stage's output depends on, the learner keys that change its numbers,
+# and the keys in those sections that only RL reads. (A pairs file's contents are not compared:
+# the same preference.pairs URL with new rows is reused.)
 STAGE_SECTIONS = {
     "sft": ("experiment", "data", "model", "sft"),
     "reward_model": ("experiment", "data", "model", "sft", "preference", "reward_model"),
     "dpo": ("experiment", "data", "model", "sft", "preference", "dpo"),
 }
+NUMERICS = ("learner.micro_batch_tokens", "learner.pack_sequences", "rollout.temperature")
 RL_ONLY = ("reward_model.use_in_rl", "reward_model.coef", "reward_model.task_coef",
            "reward_model.path", "dpo.eval_start")  # fmt: skip
 CHECKPOINT_KEYS = ("step", "loader", "before", "seconds", "params")
@@ -43,7 +46,7 @@ def stage_params(config: Config, name: str) -> dict[str, Any]:
     return {
         key: value
         for key, value in run_params(config).items()
-        if key.split(".", 1)[0] in sections and key not in RL_ONLY
+        if (key.split(".", 1)[0] in sections or key in NUMERICS) and key not in RL_ONLY
     }
 
 
@@ -59,23 +62,23 @@ def changed_params(saved: dict[str, Any], config: Config, name: str) -> list[str
 
 def finished_stage(config: Config, name: str) -> tuple[str, dict[str, Any]] | None:
     """Under ``recover=auto``, the local folder and record of stage ``name`` when this run
-    finished it with the same settings; else None (the stage runs)."""
-    if config.checkpoint.recover != "auto":
-        return None
+    finished it with the same settings; else None, and any record it left is removed (the
+    stage runs again and writes its own)."""
     url = join(config.run_dir, name)
     if not exists(join(url, RECORD)):
         return None
-    record = _read_json(join(url, RECORD))
-    problems = hf_folder_problems(url) if record is not None else [f"{url}/{RECORD} unreadable"]
-    if not problems:
+    record = _read_json(join(url, RECORD)) if config.checkpoint.recover == "auto" else None
+    if record is not None:
+        problems = hf_folder_problems(url)
         changes = changed_params(record.get("params", {}), config, name)
         if changes:
-            problems = [f"its settings changed: {'; '.join(changes)}"]
-    if problems:
+            problems.append(f"its settings changed: {'; '.join(changes)}")
+        if not problems:
+            logger.info("recover=auto: %s already finished in this run, reusing %s", name, url)
+            return fetch_dir(url), record["result"]
         logger.warning("recover=auto: training %s again: %s", name, "; ".join(problems))
-        return None
-    logger.info("recover=auto: %s already finished in this run, reusing %s", name, url)
-    return fetch_dir(url), record["result"]
+    remove_file(join(url, RECORD))  # a stage that fails midway must not look finished after
+    return None
 
 
 def stage_result(config: Config, name: str) -> dict[str, Any] | None:
