@@ -4,7 +4,7 @@ math and code tasks): the first ``n`` of a split, and a test set with no questio
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from itertools import islice
 
 logger = logging.getLogger(__name__)
@@ -21,13 +21,18 @@ def first_samples(stream: SampleStream, n: int, split: str) -> list[dict]:
 
 
 def fresh_splits(
-    stream: SampleStream, n_train: int, n_test: int, widen: str
+    stream: SampleStream,
+    n_train: int,
+    n_test: int,
+    widen: str,
+    key: Callable[[dict], Hashable] = lambda row: row["question"],
 ) -> tuple[list[dict], list[dict]]:
-    """``n_train`` training samples and ``n_test`` test samples whose questions are not in train
-    (nor twice in test), so test ids may skip indices. Raises ValueError, suggesting ``widen``,
-    when the problem space is too small to find ``n_test`` fresh questions."""
+    """``n_train`` training samples and ``n_test`` test samples whose ``key`` (the question; an
+    agent environment's also its state) is not in train (nor twice in test), so test ids may
+    skip indices. Raises ValueError, suggesting ``widen``, when the problem space is too small
+    to find ``n_test`` fresh samples."""
     train = first_samples(stream, n_train, "train")
-    seen = {row["question"] for row in train}
+    seen = {key(row) for row in train}
     test: list[dict] = []
     n_skipped = 0
     max_tries = 100 * n_test + 10_000
@@ -37,10 +42,10 @@ def fresh_splits(
                 f"found only {len(test)} of {n_test} test questions not in train after "
                 f"{max_tries} tries; {widen}"
             )
-        if sample["question"] in seen:
+        if key(sample) in seen:
             n_skipped += 1
             continue
-        seen.add(sample["question"])
+        seen.add(key(sample))
         test.append(sample)
         if len(test) == n_test:
             break

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.data.sources import DataSection, Splits, data_source
+from core.data.splits import fresh_splits
 from core.schema import documented
 from core.workflows.support_env import (
     CITIES,
@@ -179,22 +180,15 @@ def _episodes(spec: SupportSpec, seed: int, split: str) -> Iterator[dict[str, An
 
 
 def support_splits(spec: SupportSpec, n_train: int, n_test: int, seed: int) -> Splits:
-    """``n_train`` training episodes and ``n_test`` held-out ones, none repeating a training
-    episode (the same opening against the same desk)."""
-    train = [s for _, s in zip(range(n_train), _episodes(spec, seed, "train"), strict=False)]
-    seen = {(s["question"], s["answer"]) for s in train}
-    test: list[dict[str, Any]] = []
-    for tries, sample in enumerate(_episodes(spec, seed, "test")):
-        if len(test) == n_test:
-            break
-        if tries >= 100 * n_test + 10_000:
-            raise ValueError(
-                f"found only {len(test)} of data.n_test={n_test} held-out episodes "
-                "not in train: widen data.customer_service (goals, n_orders)"
-            )
-        if (sample["question"], sample["answer"]) not in seen:
-            seen.add((sample["question"], sample["answer"]))
-            test.append(sample)
+    """``n_train`` training episodes and ``n_test`` held-out ones, none repeating a
+    training episode (the same opening against the same desk)."""
+    train, test = fresh_splits(
+        lambda split: enumerate(_episodes(spec, seed, split)),
+        n_train,
+        n_test,
+        "widen data.customer_service (goals, n_orders)",
+        key=lambda sample: (sample["question"], sample["answer"]),
+    )
     return Splits(train, test)
 
 
