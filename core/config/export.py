@@ -81,10 +81,13 @@ def config_hash(config: Config, sections: tuple[str, ...] | None = None) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def config_changes(before: dict[str, Any], config: Config) -> list[str]:
+def config_changes(
+    before: dict[str, Any], config: Config, now: dict[str, Any] | None = None
+) -> list[str]:
     """``["algorithm.lr: 0.001 -> 0.002", ...]``: run parameters that differ from ``before``
-    (a :func:`run_params` dict saved earlier, e.g. in a checkpoint)."""
-    now = run_params(config)
+    (a :func:`run_params` dict saved earlier, e.g. in a checkpoint); ``now`` compares a subset
+    of them instead (default: all of ``config``'s)."""
+    now = run_params(config) if now is None else now
     return [
         f"{key}: {before.get(key, '<absent>')!r} -> {now.get(key, '<absent>')!r}"
         for key in sorted(set(before) | set(now))

@@ -18,7 +18,7 @@ import json
 import logging
 from typing import Any
 
-from core.config import Config, run_params
+from core.config import Config, config_changes, run_params
 from core.runtime.checkpointing import CheckpointManager, checkpoint_url
 from core.storage import exists, fetch_dir, join, read_text, remove_file, write_json
 from core.training import hf_folder_problems
@@ -50,16 +50,6 @@ def stage_params(config: Config, name: str) -> dict[str, Any]:
     }
 
 
-def changed_params(saved: dict[str, Any], config: Config, name: str) -> list[str]:
-    """``["sft.steps: 40 -> 60", ...]``: the stage's parameters that differ from ``saved``."""
-    now = stage_params(config, name)
-    return [
-        f"{key}: {saved.get(key, '<absent>')!r} -> {now.get(key, '<absent>')!r}"
-        for key in sorted(set(saved) | set(now))
-        if saved.get(key) != now.get(key)
-    ]
-
-
 def finished_stage(config: Config, name: str) -> tuple[str, dict[str, Any]] | None:
     """Under ``recover=auto``, the local folder and record of stage ``name`` when this run
     finished it with the same settings; else None, and any record it left is removed (the
@@ -70,7 +60,7 @@ def finished_stage(config: Config, name: str) -> tuple[str, dict[str, Any]] | No
     record = _read_json(join(url, RECORD)) if config.checkpoint.recover == "auto" else None
     if record is not None:
         problems = hf_folder_problems(url)
-        changes = changed_params(record.get("params", {}), config, name)
+        changes = config_changes(record.get("params", {}), config, stage_params(config, name))
         if changes:
             problems.append(f"its settings changed: {'; '.join(changes)}")
         if not problems:
@@ -115,7 +105,7 @@ def resume_point(config: Config, name: str, ckpt: CheckpointManager) -> dict[str
         problems = ckpt.problems(step)
         if not problems:
             record = ckpt.load_recover(step)
-            changes = changed_params(record["params"], config, name)
+            changes = config_changes(record["params"], config, stage_params(config, name))
             if not changes:
                 logger.info("recover=auto: resuming %s from %s", name, ckpt.path(step))
                 return {**record, "url": join(ckpt.path(step), "learner")}
