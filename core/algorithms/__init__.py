@@ -25,8 +25,10 @@ from core.algorithms.config import (
 from core.algorithms.filtering import filter_uniform_groups
 from core.algorithms.kl import KL_ESTIMATORS, kl_penalty
 from core.algorithms.masking import masked_mean, masked_whiten
+from core.algorithms.objectives import PolicyInputs, policy_objective
 from core.algorithms.policy_loss import (
     behaviour_weights,
+    cispo_policy_loss,
     loglinear_alpha,
     loglinear_proximal_logprobs,
     ppo_policy_loss,
@@ -41,10 +43,12 @@ __all__ = [
     "PRESETS",
     "PRESET_NOTES",
     "AlgorithmConfig",
+    "PolicyInputs",
     "aggregate_loss",
     "algorithm_config",
     "behaviour_weights",
     "broadcast_to_tokens",
+    "cispo_policy_loss",
     "discounted_returns",
     "dpo_loss",
     "filter_uniform_groups",
@@ -59,6 +63,7 @@ __all__ = [
     "masked_whiten",
     "overlong_penalty",
     "place_at_last_token",
+    "policy_objective",
     "ppo_policy_loss",
     "preset_names",
     "reinforce_pp_advantages",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from core.algorithms.aggregation import AGGREGATION_MODES
 from core.algorithms.estimators import ESTIMATORS, resolve_estimator
 from core.algorithms.kl import KL_ESTIMATORS
+from core.algorithms.objectives import OBJECTIVES, resolve_objective
 from core.algorithms.policy_loss import BEHAVIOUR_LEVELS, BEHAVIOUR_MASK_MODES, IMPORTANCE_LEVELS
 from core.schema import bound_problems, documented
 
@@ -58,6 +59,12 @@ class AlgorithmConfig:
     dynamic_sampling: bool = documented(False, "DAPO: drop groups whose rewards are all equal.")
 
     # --- Policy loss ------------------------------------------------------------------------
+    policy_loss: str = documented(
+        "ppo",
+        f"Policy loss, one of {tuple(OBJECTIVES)} (cispo: clipped importance weights, "
+        "MiniMax-M1), or a 'module:function' path to one registered with @policy_objective "
+        "(core/algorithms/objectives.py).",
+    )
     eps_clip: float = documented(0.2, "PPO clip range (low side).", ge=0)
     eps_clip_high: float | None = documented(
         None, "Upper clip range; None = eps_clip (symmetric).", ge=0
@@ -138,6 +145,9 @@ def _validate(cfg: AlgorithmConfig) -> None:
     for problem in bound_problems(cfg):  # the bounds and choices declared on the fields
         raise ValueError(problem)
     estimator = resolve_estimator(cfg.adv_estimator)
+    objective = resolve_objective(cfg.policy_loss)
+    for problem in objective.problems(cfg) if objective.problems else []:
+        raise ValueError(problem)
     if cfg.behaviour_cap_low is not None:
         if cfg.behaviour_mask_mode != "mask":
             raise ValueError("behaviour_cap_low needs behaviour_mask_mode='mask' (masked IS)")
@@ -228,6 +238,14 @@ GSPO = dict(
     loss_aggregation="seq-mean-token-mean", kl_coef=0.0, lr=1e-6,
 )  # fmt: skip
 
+# CISPO, MiniMax-M1 arXiv 2506.13585 §3.1: GRPO's advantages, the importance weight clipped
+# above only (the paper sets no lower bound, tuning ε_high alone: eps_clip 1 leaves the low side
+# open; ε_high 0.28 as DAPO's clip-higher and Trinity-RFT's CISPO default), token-mean, no KL.
+CISPO = dict(
+    adv_estimator="grpo", group_size=8, normalize_std=True, policy_loss="cispo", eps_clip=1.0,
+    eps_clip_high=0.28, loss_aggregation="token-mean", kl_coef=0.0, lr=1e-6,
+)  # fmt: skip
+
 PRESETS: dict[str, dict] = {
     "grpo": GRPO,
     "ppo": PPO,
@@ -236,6 +254,7 @@ PRESETS: dict[str, dict] = {
     "rloo": RLOO,
     "reinforce_pp": REINFORCE_PP,
     "gspo": GSPO,
+    "cispo": CISPO,
 }
 
 PRESET_NOTES: dict[str, str] = {
@@ -254,6 +273,8 @@ PRESET_NOTES: dict[str, str] = {
     "Does NOT: use a group baseline (use adv_estimator='reinforce_pp_baseline'), a critic.",
     "gspo": "Sequence-level (length-normalised) importance ratio with tiny clip ranges. "
     "Does NOT: clip per token, add KL, train a critic.",
+    "cispo": "REINFORCE weighted by the clipped, detached importance ratio: every token keeps "
+    "its gradient. Does NOT: drop clipped tokens as PPO does, add KL, train a critic.",
 }
 
 

@@ -15,9 +15,17 @@ Decoupled PPO objective, per token (a minimisation)::
 
 With ``behaviour_logprobs=None`` (w = 1) this is plain PPO (arXiv 1707.06347) with
 ``π_old = π_prox``; with ``π_behav = π_prox`` the two coincide.
+
+CISPO (MiniMax-M1, arXiv 2506.13585 §3.1) clips the importance weight instead of the update::
+
+    ℓ   = -sg[clip(r, 1-ε_low, 1+ε_high) · w] · A · log π_θ
+
+so a token outside the trust region still contributes its (bounded) gradient, where PPO's clip
+drops it; at ``r = 1`` the two gradients are equal.
 """
 
 import math
+from typing import Any
 
 import torch
 
@@ -196,43 +204,125 @@ def ppo_policy_loss(
         token_loss = torch.where(dual_clipped, bound, token_loss)
 
     # Behaviour importance weight π_prox / π_behav (decoupled PPO).
-    if behaviour_logprobs is None:
-        weights = raw_weights = torch.where(mask, 1.0, 0.0).to(logprobs.dtype)
-        exceeded = torch.zeros_like(mask)
-    else:
-        weights, raw_weights, exceeded = behaviour_weights(
-            proximal_logprobs,
-            behaviour_logprobs,
-            mask,
-            cap=behaviour_cap,
-            mask_mode=behaviour_mask_mode,
-            level=behaviour_level,
-            cap_low=behaviour_cap_low,
-            veto=behaviour_veto,
-        )
+    weights, raw_weights, exceeded = _behaviour(
+        proximal_logprobs,
+        behaviour_logprobs,
+        mask,
+        behaviour_cap=behaviour_cap,
+        behaviour_mask_mode=behaviour_mask_mode,
+        behaviour_level=behaviour_level,
+        behaviour_cap_low=behaviour_cap_low,
+        behaviour_veto=behaviour_veto,
+    )
     token_loss = token_loss * weights
 
     loss = aggregate_loss(
         token_loss, mask, aggregation, normalizer=normalizer, norm_constant=norm_constant
     )
+    stats = _stats(logprobs, proximal_logprobs, ratio, raw_weights, exceeded, mask)
+    stats["clip_frac"] = masked_mean(clipped.float(), mask).detach()
+    stats["dual_clip_frac"] = masked_mean(dual_clipped.float(), mask).detach()
+    return loss, stats
 
-    with torch.no_grad():
-        token_log_ratio = torch.where(mask, logprobs - proximal_logprobs, 0.0)
-        stats = {
-            "clip_frac": masked_mean(clipped.float(), mask),
-            "dual_clip_frac": masked_mean(dual_clipped.float(), mask),
-            "approx_kl": masked_mean(kl_penalty(proximal_logprobs, logprobs, "k3"), mask),
-            "approx_kl_k2": masked_mean(0.5 * token_log_ratio**2, mask),
-            "ratio_mean": masked_mean(ratio, mask),
-            "ratio_max": masked_max(ratio, mask),
-            "ratio_min": masked_min(ratio, mask),
-            "behav_weight_mean": masked_mean(raw_weights, mask),
-            "behav_weight_max": masked_max(raw_weights, mask),
-            "behav_weight_min": masked_min(raw_weights, mask),
-            "behav_ess": effective_sample_size(raw_weights, mask),
-            "behav_masked_frac": masked_mean(exceeded.float(), mask),
-        }
-    return loss, {k: v.detach() for k, v in stats.items()}
+
+def cispo_policy_loss(
+    logprobs: Tensor,
+    proximal_logprobs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    behaviour_logprobs: Tensor | None = None,
+    eps_clip: float = 0.2,
+    eps_clip_high: float | None = None,
+    aggregation: str = "token-mean",
+    normalizer: float | Tensor | None = None,
+    norm_constant: float | None = None,
+    **behaviour: Any,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO policy loss (MiniMax-M1, arXiv 2506.13585 eq. 4): REINFORCE on ``log π_θ`` weighted
+    by the clipped, detached ratio ``clip(π_θ/π_prox, 1-ε_low, 1+ε_high)`` and the behaviour
+    weight of decoupled PPO. No token is dropped from the gradient; the paper bounds only the
+    high side (``eps_clip >= 1`` leaves the low side open).
+
+    Arguments as :func:`ppo_policy_loss` (``behaviour_cap``, ``behaviour_mask_mode``,
+    ``behaviour_level``, ``behaviour_cap_low`` and ``behaviour_veto`` among ``behaviour``).
+    Returns ``(loss, stats)`` with the same keys; ``clip_frac`` is the share of tokens whose
+    weight was truncated, ``dual_clip_frac`` is 0.
+    """
+    if eps_clip < 0 or (eps_clip_high is not None and eps_clip_high < 0):
+        raise ValueError("eps_clip and eps_clip_high must be >= 0")
+    mask = as_bool(loss_mask)
+    proximal_logprobs = proximal_logprobs.detach()
+    advantages = torch.where(mask, advantages.detach(), 0.0)
+    ratio = torch.where(mask, logprobs.detach() - proximal_logprobs, 0.0).exp()
+    eps_high = eps_clip if eps_clip_high is None else eps_clip_high
+    low, high = max(0.0, 1.0 - eps_clip), 1.0 + eps_high
+    truncated = mask & ((ratio < low) | (ratio > high))
+    weights, raw_weights, exceeded = _behaviour(
+        proximal_logprobs, behaviour_logprobs, mask, **behaviour
+    )
+    coefficient = (ratio.clamp(low, high) * weights).detach()
+    token_loss = torch.where(mask, -coefficient * advantages * logprobs, 0.0)
+    loss = aggregate_loss(
+        token_loss, mask, aggregation, normalizer=normalizer, norm_constant=norm_constant
+    )
+    stats = _stats(logprobs, proximal_logprobs, ratio, raw_weights, exceeded, mask)
+    stats["clip_frac"] = masked_mean(truncated.float(), mask).detach()
+    stats["dual_clip_frac"] = torch.zeros((), dtype=stats["clip_frac"].dtype)
+    return loss, stats
+
+
+def _behaviour(
+    proximal_logprobs: Tensor,
+    behaviour_logprobs: Tensor | None,
+    mask: Tensor,
+    *,
+    behaviour_cap: float | None = None,
+    behaviour_mask_mode: str = "cap",
+    behaviour_level: str = "token",
+    behaviour_cap_low: float | None = None,
+    behaviour_veto: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``behaviour_weights`` from a loss's keyword arguments; all ones without π_behav."""
+    if behaviour_logprobs is None:
+        ones = torch.where(mask, 1.0, 0.0).to(proximal_logprobs.dtype)
+        return ones, ones, torch.zeros_like(mask)
+    return behaviour_weights(
+        proximal_logprobs,
+        behaviour_logprobs,
+        mask,
+        cap=behaviour_cap,
+        mask_mode=behaviour_mask_mode,
+        level=behaviour_level,
+        cap_low=behaviour_cap_low,
+        veto=behaviour_veto,
+    )
+
+
+@torch.no_grad()
+def _stats(
+    logprobs: Tensor,
+    proximal_logprobs: Tensor,
+    ratio: Tensor,
+    raw_weights: Tensor,
+    exceeded: Tensor,
+    mask: Tensor,
+) -> dict[str, Tensor]:
+    """The statistics every policy loss reports, over the response tokens (detached)."""
+    token_log_ratio = torch.where(mask, logprobs - proximal_logprobs, 0.0)
+    stats = {
+        "approx_kl": masked_mean(kl_penalty(proximal_logprobs, logprobs, "k3"), mask),
+        "approx_kl_k2": masked_mean(0.5 * token_log_ratio**2, mask),
+        "ratio_mean": masked_mean(ratio, mask),
+        "ratio_max": masked_max(ratio, mask),
+        "ratio_min": masked_min(ratio, mask),
+        "behav_weight_mean": masked_mean(raw_weights, mask),
+        "behav_weight_max": masked_max(raw_weights, mask),
+        "behav_weight_min": masked_min(raw_weights, mask),
+        "behav_ess": effective_sample_size(raw_weights, mask),
+        "behav_masked_frac": masked_mean(exceeded.float(), mask),
+    }
+    return {k: v.detach() for k, v in stats.items()}
 
 
 def loglinear_alpha(

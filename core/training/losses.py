@@ -34,11 +34,11 @@ from core.algorithms import (
     kl_penalty,
     loglinear_proximal_logprobs,
     masked_mean,
-    ppo_policy_loss,
     reward_model_loss,
     sft_loss,
     value_loss,
 )
+from core.algorithms.objectives import PolicyInputs, resolve_objective
 from core.models.value_model import last_token_values
 from core.training.batch import TrainBatch
 from core.training.mismatch import MismatchMonitor
@@ -188,7 +188,8 @@ def proximal_plan(config: AlgorithmConfig, *, has_dropout: bool) -> ProximalPlan
 
 @dataclass
 class PolicyLoss:
-    """(Decoupled) PPO policy loss from an ``AlgorithmConfig``, plus its KL and entropy terms.
+    """The policy loss ``config.policy_loss`` names (``core/algorithms/objectives.py``; default
+    decoupled PPO) from an ``AlgorithmConfig``, plus its KL and entropy terms.
 
     Batch fields: ``advantages`` ``[N, T]``; ``proximal_logprobs`` (from
     ``Learner.compute_logprobs`` before the update) when ``config.decoupled`` and not
@@ -218,6 +219,7 @@ class PolicyLoss:
         _check_norm_constant(cfg.loss_aggregation, cfg.loss_norm_constant, "loss_norm_constant")
         if cfg.decoupled and cfg.use_loglinear_proximal and self.proximal_version is None:
             raise ValueError("use_loglinear_proximal=True needs PolicyLoss(proximal_version=...)")
+        self._objective = resolve_objective(cfg.policy_loss)
 
     @property
     def needs_entropy(self) -> bool:
@@ -267,25 +269,16 @@ class PolicyLoss:
         if self.mismatch is not None:
             exact = micro["proximal_logprobs"] if "proximal_logprobs" in micro else outputs
             self.mismatch.add(micro, exact.detach())
-        loss, stats = ppo_policy_loss(
-            outputs,
-            self._proximal(micro, outputs),
-            micro["advantages"],
-            micro.loss_mask,
+        inputs = PolicyInputs(
+            logprobs=outputs,
+            proximal_logprobs=self._proximal(micro, outputs),
+            advantages=micro["advantages"],
+            loss_mask=micro.loss_mask,
             behaviour_logprobs=micro.behaviour_logprobs if cfg.decoupled else None,
-            eps_clip=cfg.eps_clip,
-            eps_clip_high=cfg.eps_clip_high,
-            dual_clip=cfg.dual_clip,
-            importance_level=cfg.importance_level,
-            behaviour_cap=cfg.behaviour_cap,
-            behaviour_mask_mode=cfg.behaviour_mask_mode,
-            behaviour_level=cfg.behaviour_level,
-            behaviour_cap_low=cfg.behaviour_cap_low,
-            behaviour_veto=cfg.behaviour_veto,
-            aggregation=cfg.loss_aggregation,
             normalizer=normalizer,
-            norm_constant=cfg.loss_norm_constant,
+            algo=cfg,
         )
+        loss, stats = self._objective.fn(inputs)
         stats = dict(stats, policy_loss=loss.detach())
         if cfg.kl_coef > 0:
             kl = kl_penalty(outputs, micro["ref_logprobs"], cfg.kl_estimator)

@@ -37,7 +37,9 @@ def test_presets_build_and_are_documented(name):
 
 
 def test_preset_contents():
-    assert set(preset_names()) == {"grpo", "ppo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo"}
+    assert set(preset_names()) == {
+        "grpo", "ppo", "dapo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "cispo"
+    }  # fmt: skip
     dapo = algorithm_config("dapo")
     assert (dapo.eps_clip, dapo.eps_clip_high) == (0.2, 0.28)
     assert dapo.dynamic_sampling and dapo.overlong_reward_penalty and dapo.kl_coef == 0.0
@@ -49,6 +51,8 @@ def test_preset_contents():
     gspo = algorithm_config("gspo")
     assert gspo.importance_level == "sequence" and gspo.eps_clip == 3e-4
     assert gspo.eps_clip_high == 4e-4
+    cispo = algorithm_config("cispo")
+    assert cispo.policy_loss == "cispo" and cispo.eps_clip_high == 0.28 and cispo.kl_coef == 0
 
 
 def test_overrides_and_unknown_names():

@@ -70,6 +70,7 @@ LEARNING = {
     "reinforce_pp": [],
     "ppo": ["algorithm.critic_lr=1e-3"],
     "gspo": [],
+    "cispo": [],
 }
 
 
