@@ -1,5 +1,5 @@
 """Plug-ins by import path (``"package.module:attribute"``): reward functions, workflows, and
-the registries of named ones (advantage estimators, data sources).
+the registries of named ones (advantage estimators, policy losses, data sources).
 
 Configs name their plug-ins as strings, which keeps them plain data and lets workers on other
 machines resolve the same objects; this is the one place that turns such a string into the
@@ -60,9 +60,9 @@ def load_object(path: str, what: str = "plug-in") -> object:
 
 @dataclass
 class Registry(Generic[E]):
-    """Named plug-ins of one kind (advantage estimators, data sources): a decorator adds a
-    function under a name, and a config names it by that name or by a ``module:function`` path
-    to a decorated function in the user's own module.
+    """Named plug-ins of one kind (advantage estimators, policy losses, data sources): a
+    decorator adds a function under a name, and a config names it by that name or by a
+    ``module:function`` path to a decorated function in the user's own module.
 
     Entries are dataclasses with ``name`` and ``fn``; the decorated function carries its entry
     as ``fn.<attr>`` so an import path finds it.

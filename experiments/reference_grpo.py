@@ -83,6 +83,7 @@ def train(cfg: Config, model_dir: str, train_rows: list[dict], steps: int):
     trained policy."""
     algo, B, G = cfg.algorithm, cfg.rollout.batch_size, cfg.algorithm.group_size
     assert algo.adv_estimator == "grpo" and algo.kl_coef == 0 and algo.ppo_n_minibatches == 1
+    assert algo.policy_loss == "ppo", "the reference loop is GRPO with PPO's clipped loss"
     tokenizer, policy = load_tokenizer(model_dir), load_model(model_dir, dtype="float32")
     reward = SafeReward(resolve_reward(cfg.rollout.reward_fn))
     # AdamW without weight decay on biases and norms (1-D tensors), at a constant learning rate.

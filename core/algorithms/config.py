@@ -238,9 +238,10 @@ GSPO = dict(
     loss_aggregation="seq-mean-token-mean", kl_coef=0.0, lr=1e-6,
 )  # fmt: skip
 
-# CISPO, MiniMax-M1 arXiv 2506.13585 §3.1: GRPO's advantages, the importance weight clipped
+# CISPO, MiniMax-M1 arXiv 2506.13585 §3.1: GRPO's advantages, the ratio π_θ/π_prox clipped
 # above only (the paper sets no lower bound, tuning ε_high alone: eps_clip 1 leaves the low side
-# open; ε_high 0.28 as DAPO's clip-higher and Trinity-RFT's CISPO default), token-mean, no KL.
+# open; ε_high 0.28 as DAPO's clip-higher and Trinity-RFT's CISPO default), times the decoupled
+# behaviour weight (masked above 5 as in every preset), token-mean, no KL.
 CISPO = dict(
     adv_estimator="grpo", group_size=8, normalize_std=True, policy_loss="cispo", eps_clip=1.0,
     eps_clip_high=0.28, loss_aggregation="token-mean", kl_coef=0.0, lr=1e-6,
@@ -273,8 +274,9 @@ PRESET_NOTES: dict[str, str] = {
     "Does NOT: use a group baseline (use adv_estimator='reinforce_pp_baseline'), a critic.",
     "gspo": "Sequence-level (length-normalised) importance ratio with tiny clip ranges. "
     "Does NOT: clip per token, add KL, train a critic.",
-    "cispo": "REINFORCE weighted by the clipped, detached importance ratio: every token keeps "
-    "its gradient. Does NOT: drop clipped tokens as PPO does, add KL, train a critic.",
+    "cispo": "REINFORCE weighted by the clipped, detached importance ratio: a token outside "
+    "the clip range keeps a bounded gradient. Does NOT: drop clipped tokens as PPO does, add "
+    "KL, train a critic.",
 }
 
 

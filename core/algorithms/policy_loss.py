@@ -18,10 +18,10 @@ With ``behaviour_logprobs=None`` (w = 1) this is plain PPO (arXiv 1707.06347) wi
 
 CISPO (MiniMax-M1, arXiv 2506.13585 §3.1) clips the importance weight instead of the update::
 
-    ℓ   = -sg[clip(r, 1-ε_low, 1+ε_high) · w] · A · log π_θ
+    ∇ℓ  = -sg[clip(r, 1-ε_low, 1+ε_high) · w] · A · ∇log π_θ
 
 so a token outside the trust region still contributes its (bounded) gradient, where PPO's clip
-drops it; at ``r = 1`` the two gradients are equal.
+drops it when the advantage pushes the ratio further out; at ``r = 1`` the two are equal.
 """
 
 import math
@@ -241,13 +241,16 @@ def cispo_policy_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO policy loss (MiniMax-M1, arXiv 2506.13585 eq. 4): REINFORCE on ``log π_θ`` weighted
     by the clipped, detached ratio ``clip(π_θ/π_prox, 1-ε_low, 1+ε_high)`` and the behaviour
-    weight of decoupled PPO. No token is dropped from the gradient; the paper bounds only the
-    high side (``eps_clip >= 1`` leaves the low side open).
+    weight of decoupled PPO. No token is dropped for its ratio (only the behaviour weights' mask
+    and veto drop any); the paper bounds only the high side (``eps_clip >= 1`` leaves the low
+    side open). The loss value is ``-c·A`` per token (PPO's scale), its gradient
+    ``-c·A·∇log π_θ``. With one optimiser step per update π_prox is the training pass itself, so
+    the ratio is 1 and CISPO takes PPO's step: the clip acts from a second minibatch on.
 
     Arguments as :func:`ppo_policy_loss` (``behaviour_cap``, ``behaviour_mask_mode``,
     ``behaviour_level``, ``behaviour_cap_low`` and ``behaviour_veto`` among ``behaviour``).
     Returns ``(loss, stats)`` with the same keys; ``clip_frac`` is the share of tokens whose
-    weight was truncated, ``dual_clip_frac`` is 0.
+    ratio was truncated (either side, whatever the advantage's sign), ``dual_clip_frac`` is 0.
     """
     if eps_clip < 0 or (eps_clip_high is not None and eps_clip_high < 0):
         raise ValueError("eps_clip and eps_clip_high must be >= 0")
@@ -262,13 +265,16 @@ def cispo_policy_loss(
         proximal_logprobs, behaviour_logprobs, mask, **behaviour
     )
     coefficient = (ratio.clamp(low, high) * weights).detach()
-    token_loss = torch.where(mask, -coefficient * advantages * logprobs, 0.0)
+    # exp(log π_θ - sg[log π_θ]) is 1 in value with gradient ∇log π_θ: the gradient of
+    # ``-c·A·log π_θ``, with a loss value on PPO's scale (-c·A against PPO's -A·r).
+    unit = torch.where(mask, logprobs - logprobs.detach(), 0.0).exp()
+    token_loss = torch.where(mask, -coefficient * advantages * unit, 0.0)
     loss = aggregate_loss(
         token_loss, mask, aggregation, normalizer=normalizer, norm_constant=norm_constant
     )
     stats = _stats(logprobs, proximal_logprobs, ratio, raw_weights, exceeded, mask)
     stats["clip_frac"] = masked_mean(truncated.float(), mask).detach()
-    stats["dual_clip_frac"] = torch.zeros((), dtype=stats["clip_frac"].dtype)
+    stats["dual_clip_frac"] = torch.zeros_like(stats["clip_frac"])
     return loss, stats
 
 

@@ -64,26 +64,28 @@ def _grad(fn, logprobs, *args, **kwargs):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_cispo_is_its_formula_token_by_token(seed: int) -> None:
-    """MiniMax-M1 eq. 4 with the decoupled behaviour weight, token-mean over the mask."""
+    """MiniMax-M1 eq. 4 with the decoupled behaviour weight (truncated at a cap that binds),
+    token-mean over the mask: the gradient ``-r̂·w·A/n`` and the value ``-r̂·w·A/n``."""
     logprobs, prox, adv, mask, behav = _case(seed)
-    eps_low, eps_high, cap = 0.3, 0.28, 2.0
+    eps_low, eps_high, cap = 0.3, 0.28, 1.1
     loss, grad, stats = _grad(
         cispo_policy_loss, logprobs, prox, adv, mask, behaviour_logprobs=behav,
         eps_clip=eps_low, eps_clip_high=eps_high, behaviour_cap=cap, behaviour_mask_mode="cap",
     )  # fmt: skip
     n = int(mask.sum())
-    want_loss, want_grad, truncated = 0.0, torch.zeros_like(logprobs), 0
+    want_loss, want_grad, truncated, capped = 0.0, torch.zeros_like(logprobs), 0, 0
     for i, t in mask.nonzero().tolist():
         r = float((logprobs[i, t] - prox[i, t]).exp())
-        w = min(float((prox[i, t] - behav[i, t]).exp()), cap)
+        w_raw = float((prox[i, t] - behav[i, t]).exp())
+        w = min(w_raw, cap)
         r_hat = min(max(r, 1 - eps_low), 1 + eps_high)
-        truncated += r_hat != r
-        want_loss += -r_hat * w * float(adv[i, t]) * float(logprobs[i, t]) / n
+        truncated, capped = truncated + (r_hat != r), capped + (w != w_raw)
+        want_loss += -r_hat * w * float(adv[i, t]) / n
         want_grad[i, t] = -r_hat * w * float(adv[i, t]) / n
     assert loss.item() == pytest.approx(want_loss, rel=1e-9, abs=1e-12)
     torch.testing.assert_close(grad, want_grad)
     assert stats["clip_frac"].item() == pytest.approx(truncated / n)
-    assert 0 < truncated < n  # the case exercises both sides of the clip
+    assert 0 < truncated < n and 0 < capped < n  # both clips bind on some tokens, not all
 
 
 def test_on_policy_cispo_and_ppo_take_the_same_step() -> None:
@@ -111,28 +113,38 @@ def test_cispo_keeps_the_gradient_of_a_token_ppo_clips() -> None:
 
 
 def test_the_learner_calls_the_named_loss(user_module: str) -> None:
-    """PolicyLoss dispatches on algorithm.policy_loss: a user's plain policy gradient (by import
-    path) equals CISPO with the ratio pinned inside an unbounded clip and no behaviour weight."""
+    """PolicyLoss dispatches on algorithm.policy_loss: off policy (π_θ ≠ π_behav, PPO's π_old
+    here) each of a user's plain policy gradient (by import path), CISPO and PPO gives what its
+    own function gives, and the three differ."""
     batch = _batch()
     gen = torch.Generator().manual_seed(0)
-    batch = batch.with_fields(advantages=torch.randn(batch.loss_mask.shape, generator=gen))
-    outputs = batch.behaviour_logprobs.clone()  # on policy: π_θ = π_prox = π_behav
+    advantages = torch.randn(batch.loss_mask.shape, generator=gen)
+    batch = batch.with_fields(advantages=advantages)
+    shift = 0.5 * torch.randn(batch.loss_mask.shape, generator=gen)
+    outputs = batch.behaviour_logprobs + shift * batch.loss_mask
     common = dict(group_size=4, decoupled=False, kl_coef=0.0)
     algos = {
         "pg": algorithm_config("grpo", policy_loss=f"{user_module}:vanilla_pg", **common),
         "cispo": algorithm_config("cispo", **common),
         "ppo": algorithm_config("grpo", **common),
     }
-    grads = {}
+    mask, behav = batch.loss_mask, batch.behaviour_logprobs
+    n = float(mask.sum())
+    direct = {
+        "pg": -(advantages * outputs * mask).sum() / n,
+        "cispo": cispo_policy_loss(outputs, behav, advantages, mask, eps_clip=1.0,
+                                   eps_clip_high=0.28, normalizer=n)[0],
+        "ppo": ppo_policy_loss(outputs, behav, advantages, mask, normalizer=n)[0],
+    }  # fmt: skip
+    losses = {}
     for name, algo in algos.items():
         loss_fn = PolicyLoss(algo)
-        leaf = outputs.clone().requires_grad_(True)
-        loss, stats = loss_fn(batch, leaf, loss_fn.normalizer([batch]))
-        loss.backward()
-        grads[name] = leaf.grad
+        loss, stats = loss_fn(batch, outputs.clone(), loss_fn.normalizer([batch]))
+        assert loss_fn.normalizer([batch]) == n
+        torch.testing.assert_close(loss, direct[name])
         assert stats["policy_loss"] == loss.detach()
-    torch.testing.assert_close(grads["pg"], grads["cispo"])
-    torch.testing.assert_close(grads["ppo"], grads["cispo"])
+        losses[name] = loss.item()
+    assert len({round(v, 6) for v in losses.values()}) == 3, losses
     assert resolve_objective(f"{user_module}:vanilla_pg") is OBJECTIVES["pg"]
 
 
