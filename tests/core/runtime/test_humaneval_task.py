@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from core.config import load_config
-from core.runtime.job import run_experiment
+from tests.core.workflows.helpers import flow_run
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPE = ROOT / "experiments" / "humaneval.yaml"
@@ -28,9 +27,10 @@ SMALL = [
 
 
 @pytest.mark.e2e
-def test_rl_on_a_humaneval_split_runs_and_evaluates_held_out_problems(tmp_path: Path) -> None:
-    cfg = load_config(RECIPE, [*SMALL, f"cluster.fileroot={tmp_path}", "experiment.trial=t"])
-    summary = run_experiment(cfg)
+def test_rl_on_a_humaneval_split_runs_and_evaluates_held_out_problems(
+    harness: str, tmp_path: Path
+) -> None:
+    _, summary = flow_run(RECIPE, tmp_path, SMALL)  # through the Prefect flow, checked in MLflow
     run_dir = tmp_path / "humaneval" / "t"
     batches = [json.loads(line) for line in (run_dir / "batches.jsonl").read_text().splitlines()]
     assert [b["step"] for b in batches] == [0, 1]

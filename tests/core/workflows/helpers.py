@@ -52,16 +52,44 @@ def trained_spans(tokenizer: Any, ids: list[int], mask: list[int]) -> list[str]:
 
 def two_step_run(recipe: Path, tmp_path: Path, *overrides: str) -> tuple[Path, dict[str, Any]]:
     """Run ``recipe`` for what :func:`two_trained_steps` checks (a 10-step SFT on 32 samples,
-    2 RL steps of 2 prompts × 2 samples, 4 held out) under ``tmp_path``; (run dir, summary)."""
-    from core.config import load_config  # the heavy imports only where a run is made
-    from core.runtime.job import run_experiment
-
-    config = load_config(recipe, [
+    2 RL steps of 2 prompts × 2 samples, 4 held out) under ``tmp_path``, through the Prefect
+    experiment flow as ``asyncrl run`` does (the caller asks for the ``harness`` fixture);
+    checks the flow's MLflow run; returns (run dir, summary)."""
+    return flow_run(recipe, tmp_path, [
         "data.n_train=32", "data.n_test=4", "sft.steps=10", "rollout.batch_size=2",
-        "algorithm.group_size=2", "learner.total_steps=2", "eval.every_n_steps=0",
-        f"cluster.fileroot={tmp_path}", "experiment.trial=t", *overrides,
+        "algorithm.group_size=2", "learner.total_steps=2", "eval.every_n_steps=0", *overrides,
     ])  # fmt: skip
-    summary = run_experiment(config)
+
+
+def flow_run(recipe: Path, tmp_path: Path, overrides: list[str]) -> tuple[Path, dict[str, Any]]:
+    """Run ``recipe`` with ``overrides`` under ``tmp_path`` through the Prefect experiment flow
+    (``flows.experiment``: the path of ``asyncrl run``, an ablation's variants and a sweep's
+    trials), and check what it leaves in MLflow: a finished run with the config's parameters
+    and each evaluation's accuracy and per-task columns. Returns (run dir, summary)."""
+    import mlflow  # the heavy imports only where a run is made
+
+    from core.config import load_config
+    from flows.experiment import experiment
+    from tasks.mlflow_tracking import sanitize_key
+
+    config = load_config(recipe, [f"cluster.fileroot={tmp_path}", "experiment.trial=t", *overrides])
+    result = experiment(config)
+    summary = result["summary"]
+    client = mlflow.MlflowClient(summary["mlflow_tracking_uri"])
+    run = client.get_run(result["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["data.source"] == config.data.source
+    assert run.data.tags["prefect_flow_run_id"] == summary["prefect_flow_run_id"] != ""
+    evals = summary["evals"]
+
+    def logged(key: str) -> list[tuple[int, float]]:
+        history = client.get_metric_history(run.info.run_id, sanitize_key(key))
+        return [(m.step, m.value) for m in history]
+
+    assert logged("eval/accuracy") == [(e["version"], e["accuracy"]) for e in evals]
+    for key in evals[-1]["metrics"]:
+        if key.startswith("accuracy/"):  # per task (goal, kind), where the task has several
+            assert logged(f"eval/{key}") == [(e["version"], e["metrics"][key]) for e in evals]
     return tmp_path / config.experiment.name / "t", summary
 
 

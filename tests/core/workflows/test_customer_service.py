@@ -189,7 +189,7 @@ def test_a_bad_goal_fails_when_the_config_loads_naming_the_field_and_the_choices
 
 
 @pytest.mark.e2e
-def test_an_agent_serves_customers_end_to_end(tmp_path: Path) -> None:
+def test_an_agent_serves_customers_end_to_end(harness: str, tmp_path: Path) -> None:
     run_dir, summary = two_step_run(RECIPE, tmp_path)
     two_trained_steps(run_dir, summary, n_test=4)
     reported = set(summary["evals"][-1]["metrics"])

@@ -165,7 +165,7 @@ def test_a_bad_task_kind_fails_when_the_config_loads_naming_the_field_and_the_ch
 
 
 @pytest.mark.e2e
-def test_a_terminal_agent_runs_end_to_end(tmp_path: Path) -> None:
+def test_a_terminal_agent_runs_end_to_end(harness: str, tmp_path: Path) -> None:
     run_dir, summary = two_step_run(RECIPE, tmp_path)
     two_trained_steps(run_dir, summary, n_test=4)
     assert {"solved", "used_bash", "nonzero_exit"} <= set(summary["evals"][-1]["metrics"])

@@ -119,6 +119,8 @@ def test_a_bad_game_fails_when_the_config_loads_naming_the_field(
 
 
 @pytest.mark.e2e
-def test_an_agent_plays_the_game_end_to_end_and_the_game_scores_it(tmp_path: Path) -> None:
+def test_an_agent_plays_the_game_end_to_end_and_the_game_scores_it(
+    harness: str, tmp_path: Path
+) -> None:
     run_dir, summary = two_step_run(RECIPE, tmp_path)
     two_trained_steps(run_dir, summary, n_test=4)

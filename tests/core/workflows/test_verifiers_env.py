@@ -95,7 +95,7 @@ def test_a_bad_environment_fails_when_the_config_loads_naming_the_field(
 
 
 @pytest.mark.e2e
-def test_a_multi_turn_verifiers_environment_trains_end_to_end(tmp_path: Path) -> None:
+def test_a_multi_turn_verifiers_environment_trains_end_to_end(harness: str, tmp_path: Path) -> None:
     run_dir, summary = two_step_run(
         RECIPE, tmp_path, *SMALL_ENV, "data.verifiers.env_args.turns=2", "data.n_train=40"
     )
