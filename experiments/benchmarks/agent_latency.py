@@ -165,8 +165,9 @@ def mean_curve(runs: list[list[dict[str, float]]]) -> list[dict[str, float]]:
 
 # ------------------------------------------------------------------------------ output
 def print_table(entries: list[dict[str, Any]], target: float, task: str = "search agent") -> None:
-    steps = entries[0]["steps"] if entries else 0
-    table = Table(title=f"{task}, {steps} RL steps per run: mean ± SE over seeds")
+    steps = {e["steps"] for e in entries}  # the η > 0 runs may train more (--async-set)
+    per_run = f", {steps.pop()} RL steps per run" if len(steps) == 1 else ""
+    table = Table(title=f"{task}{per_run}: mean ± SE over seeds")
     for col in (
         "latency (median/p99 s)",
         "setting",
@@ -176,7 +177,8 @@ def print_table(entries: list[dict[str, Any]], target: float, task: str = "searc
         "after step 1 (× sync)",
         "s/step: wait + train",
         "busy",
-        f"accuracy after {steps} steps",
+        "final accuracy (steps)",
+        "RL s in all",
         f"RL s to {target:.2f} (hits)",
         "× sooner than sync",
         "staleness mean/max",
@@ -194,7 +196,8 @@ def print_table(entries: list[dict[str, Any]], target: float, task: str = "searc
             _after_first(e),
             f"{e['gen_wait_s_per_step']:.1f} + {e['train_s_per_step']:.1f}",
             plus_minus(e["learner_busy_fraction"], e["learner_busy_fraction_se"], ".2f"),
-            plus_minus(e["accuracy_final"], e["accuracy_final_se"], ".3f"),
+            plus_minus(e["accuracy_final"], e["accuracy_final_se"], ".3f") + f" ({e['steps']})",
+            f"{e['curve'][-1]['train_s']:.0f}" if e.get("curve") else "—",
             f"{ttt} ({e['target_hits']}/{len(e['seeds'])})",
             "—" if sooner is None else f"{sooner:.2f}",
             f"{e['mean_staleness']:.2f} / {e['max_staleness']:.0f}",
@@ -212,7 +215,7 @@ def _after_first(entry: dict[str, Any]) -> str:
 
 
 def plot(entries: list[dict[str, Any]], path: Path) -> Path:
-    """Throughput (× best sync) and accuracy at equal steps vs η, one line per latency (the
+    """Throughput (× best sync) and final accuracy vs η, one line per latency (the
     best η = 0 setting stands for sync; error bars are standard errors), and held-out accuracy
     against RL seconds for every setting (one line style per latency)."""
     fig = Figure(figsize=(16, 4.2), dpi=110, layout="constrained")
@@ -260,7 +263,9 @@ def plot(entries: list[dict[str, Any]], path: Path) -> Path:
         )
     speed.axhline(1.0, color="grey", linestyle=":", linewidth=1)
     speed.set(xlabel="staleness bound η", ylabel="samples/s ÷ best sync", title="throughput")
-    acc.set(xlabel="staleness bound η", ylabel="held-out accuracy", title="accuracy at equal steps")
+    steps = sorted({e["steps"] for e in entries})
+    acc.set(xlabel="staleness bound η", ylabel="held-out accuracy",
+            title=f"final accuracy ({' or '.join(map(str, steps))} steps)")  # fmt: skip
     for ax in (speed, acc):
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
