@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
@@ -82,9 +82,17 @@ def resolve_objective(name: str) -> PolicyObjective:
     return REGISTRY.resolve(name)
 
 
-def _behaviour(x: PolicyInputs) -> dict[str, object]:
+def _shared(x: PolicyInputs) -> dict[str, Any]:
+    """The keyword arguments both built-in losses take from a micro-batch and its config: the
+    behaviour weights' settings, the clip range, the aggregation."""
     a = x.algo
     return dict(
+        behaviour_logprobs=x.behaviour_logprobs,
+        eps_clip=a.eps_clip,
+        eps_clip_high=a.eps_clip_high,
+        aggregation=a.loss_aggregation,
+        normalizer=x.normalizer,
+        norm_constant=a.loss_norm_constant,
         behaviour_cap=a.behaviour_cap,
         behaviour_mask_mode=a.behaviour_mask_mode,
         behaviour_level=a.behaviour_level,
@@ -97,21 +105,14 @@ def _behaviour(x: PolicyInputs) -> dict[str, object]:
 def ppo(x: PolicyInputs) -> LossAndStats:
     """Clipped PPO (arXiv 1707.06347) in AReaL's decoupled form (arXiv 2505.24298), with
     clip-higher (DAPO), dual clip and GSPO's sequence-level ratio as options."""
-    a = x.algo
     return ppo_policy_loss(
         x.logprobs,
         x.proximal_logprobs,
         x.advantages,
         x.loss_mask,
-        behaviour_logprobs=x.behaviour_logprobs,
-        eps_clip=a.eps_clip,
-        eps_clip_high=a.eps_clip_high,
-        dual_clip=a.dual_clip,
-        importance_level=a.importance_level,
-        aggregation=a.loss_aggregation,
-        normalizer=x.normalizer,
-        norm_constant=a.loss_norm_constant,
-        **_behaviour(x),  # type: ignore[arg-type]
+        dual_clip=x.algo.dual_clip,
+        importance_level=x.algo.importance_level,
+        **_shared(x),
     )
 
 
@@ -127,17 +128,6 @@ def _cispo_problems(algo: AlgorithmConfig) -> list[str]:
 @policy_objective("cispo", problems=_cispo_problems)
 def cispo(x: PolicyInputs) -> LossAndStats:
     """CISPO (MiniMax-M1, arXiv 2506.13585): clip the importance weight, not the update."""
-    a = x.algo
     return cispo_policy_loss(
-        x.logprobs,
-        x.proximal_logprobs,
-        x.advantages,
-        x.loss_mask,
-        behaviour_logprobs=x.behaviour_logprobs,
-        eps_clip=a.eps_clip,
-        eps_clip_high=a.eps_clip_high,
-        aggregation=a.loss_aggregation,
-        normalizer=x.normalizer,
-        norm_constant=a.loss_norm_constant,
-        **_behaviour(x),
+        x.logprobs, x.proximal_logprobs, x.advantages, x.loss_mask, **_shared(x)
     )

@@ -148,6 +148,39 @@ def test_the_learner_calls_the_named_loss(user_module: str) -> None:
     assert resolve_objective(f"{user_module}:vanilla_pg") is OBJECTIVES["pg"]
 
 
+def test_the_learner_forwards_every_ppo_setting() -> None:
+    """Through the registry, PolicyLoss hands PPO every knob of the algorithm section: dual
+    clip, GSPO's sequence ratio, clip-higher, the behaviour cap, level, lower bound and veto,
+    the aggregation and its constant."""
+    batch = _batch()
+    gen = torch.Generator().manual_seed(1)
+    advantages = torch.randn(batch.loss_mask.shape, generator=gen)
+    proximal = batch.behaviour_logprobs + 0.3 * torch.randn(advantages.shape, generator=gen)
+    batch = batch.with_fields(advantages=advantages, proximal_logprobs=proximal)
+    outputs = proximal + 0.4 * torch.randn(advantages.shape, generator=gen)
+    knobs = dict(
+        eps_clip=0.1, eps_clip_high=0.3, dual_clip=2.0, importance_level="sequence",
+        behaviour_cap=1.5, behaviour_mask_mode="mask", behaviour_level="geometric",
+        behaviour_cap_low=0.5, behaviour_veto=0.2, loss_aggregation="seq-mean-token-sum-norm",
+        loss_norm_constant=7.0,
+    )  # fmt: skip
+    algo = algorithm_config("grpo", group_size=4, kl_coef=0.0, **knobs)
+    loss_fn = PolicyLoss(algo)
+    normalizer = loss_fn.normalizer([batch])
+    loss, stats = loss_fn(batch, outputs, normalizer)
+    want, want_stats = ppo_policy_loss(
+        outputs, proximal, advantages, batch.loss_mask,
+        behaviour_logprobs=batch.behaviour_logprobs, eps_clip=0.1, eps_clip_high=0.3,
+        dual_clip=2.0, importance_level="sequence", behaviour_cap=1.5, behaviour_mask_mode="mask",
+        behaviour_level="geometric", behaviour_cap_low=0.5, behaviour_veto=0.2,
+        aggregation="seq-mean-token-sum-norm", normalizer=normalizer, norm_constant=7.0,
+    )  # fmt: skip
+    torch.testing.assert_close(loss, want)
+    assert {k: v.item() for k, v in want_stats.items()} == {k: stats[k].item() for k in want_stats}
+    plain, _ = ppo_policy_loss(outputs, proximal, advantages, batch.loss_mask, normalizer=1.0)
+    assert abs(plain.item() - loss.item()) > 1e-4  # the knobs change the loss
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
