@@ -4,7 +4,7 @@ math and code tasks): the first ``n`` of a split, and a test set with no questio
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from itertools import islice
 
 logger = logging.getLogger(__name__)
@@ -18,6 +18,21 @@ def first_samples(stream: SampleStream, n: int, split: str) -> list[dict]:
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     return [sample for _, sample in islice(stream(split), n)] if n else []
+
+
+def fresh_episodes(
+    episodes: Callable[[str], Iterable[dict]], n_train: int, n_test: int, widen: str
+) -> tuple[list[dict], list[dict]]:
+    """:func:`fresh_splits` for an agent environment, whose ``episodes(split)`` yields samples:
+    a held-out episode repeats no training one's opening question *and* the state it runs
+    against (the ``answer`` field: files, orders)."""
+    return fresh_splits(
+        lambda split: enumerate(episodes(split)),
+        n_train,
+        n_test,
+        widen,
+        key=lambda sample: (sample["question"], sample["answer"]),
+    )
 
 
 def fresh_splits(
@@ -42,10 +57,11 @@ def fresh_splits(
                 f"found only {len(test)} of {n_test} test questions not in train after "
                 f"{max_tries} tries; {widen}"
             )
-        if key(sample) in seen:
+        sample_key = key(sample)
+        if sample_key in seen:
             n_skipped += 1
             continue
-        seen.add(key(sample))
+        seen.add(sample_key)
         test.append(sample)
         if len(test) == n_test:
             break

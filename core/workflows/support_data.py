@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.data.sources import DataSection, Splits, data_source
-from core.data.splits import fresh_splits
+from core.data.splits import fresh_episodes
 from core.schema import documented
 from core.workflows.support_env import (
     CITIES,
@@ -182,12 +182,11 @@ def _episodes(spec: SupportSpec, seed: int, split: str) -> Iterator[dict[str, An
 def support_splits(spec: SupportSpec, n_train: int, n_test: int, seed: int) -> Splits:
     """``n_train`` training episodes and ``n_test`` held-out ones, none repeating a
     training episode (the same opening against the same desk)."""
-    train, test = fresh_splits(
-        lambda split: enumerate(_episodes(spec, seed, split)),
+    train, test = fresh_episodes(
+        lambda split: _episodes(spec, seed, split),
         n_train,
         n_test,
         "widen data.customer_service (goals, n_orders)",
-        key=lambda sample: (sample["question"], sample["answer"]),
     )
     return Splits(train, test)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.data.sources import DataSection, Splits, data_source
-from core.data.splits import fresh_splits
+from core.data.splits import fresh_episodes
 from core.schema import documented
 from core.workflows.terminal_env import KINDS, LOGS, MODULES, NOTES, TerminalTask, draw_task
 
@@ -127,12 +127,11 @@ def _episodes(spec: TerminalSpec, seed: int, split: str) -> Iterator[dict[str, A
 def terminal_splits(spec: TerminalSpec, n_train: int, n_test: int, seed: int) -> Splits:
     """``n_train`` training episodes and ``n_test`` held-out ones, none repeating a
     training episode's question and files."""
-    train, test = fresh_splits(
-        lambda split: enumerate(_episodes(spec, seed, split)),
+    train, test = fresh_episodes(
+        lambda split: _episodes(spec, seed, split),
         n_train,
         n_test,
         "widen data.terminal (tasks, n_files, max_lines)",
-        key=lambda sample: (sample["question"], sample["answer"]),
     )
     return Splits(train, test)
 
