@@ -52,7 +52,7 @@ def sample_group(policy, prompt: list[int], seeds: list[int], cfg: Config, eos_i
     (the Gumbel-max trick); the noise is keyed on (seed, sequence position) exactly as in our
     engine, so a seed fixes a completion however requests are batched.
     """
-    n, temperature = len(seeds), cfg.rollout.temperature
+    n, temperature = len(seeds), cfg.sampling.temperature
     keys = torch.tensor([split_seed(seed) for seed in seeds])
     cache, inputs = DynamicCache(config=policy.config), torch.tensor([prompt] * n)
     # transformers 5.2x renamed the KV-cache argument; earlier releases call it past_key_values
@@ -61,7 +61,7 @@ def sample_group(policy, prompt: list[int], seeds: list[int], cfg: Config, eos_i
     )
     tokens: list[list[int]] = [[] for _ in seeds]
     logprobs: list[list[float]] = [[] for _ in seeds]
-    for step in range(cfg.rollout.max_new_tokens):
+    for step in range(cfg.sampling.max_new_tokens):
         logits = policy(input_ids=inputs, use_cache=True, **{kwarg: cache}).logits[:, -1]
         scaled = logits.float() / temperature
         position = torch.full((n,), len(prompt) + step)  # the noise's key: sequence length
@@ -136,12 +136,12 @@ def train(cfg: Config, model_dir: str, train_rows: list[dict], steps: int):
             input_ids, attention_mask, loss_mask, behav, versions=torch.zeros_like(input_ids),
             rewards=scores, prompt_lens=torch.tensor([len(p) for p, _ in rows]),
         )  # fmt: skip
-        max_new = cfg.rollout.max_new_tokens
+        max_new = cfg.sampling.max_new_tokens
         advantages = with_advantages(batch, algo, max_new_tokens=max_new)["advantages"]
         # 4. Policy step. π_prox, the weights before this step, is the training pass itself
         # (one optimiser step per batch); the behaviour weight π_prox/π_behav is ≈ 1 at η = 0.
         policy.train()
-        logprobs = token_logprobs(policy, input_ids, attention_mask, cfg.rollout.temperature)
+        logprobs = token_logprobs(policy, input_ids, attention_mask, cfg.sampling.temperature)
         loss, stats = ppo_policy_loss(
             logprobs, logprobs.detach(), advantages, loss_mask, behaviour_logprobs=behav,
             eps_clip=algo.eps_clip, eps_clip_high=algo.eps_clip_high, dual_clip=algo.dual_clip,

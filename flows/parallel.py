@@ -85,13 +85,13 @@ def variant_gpus(config: Config) -> int:
     """GPUs one run asks for: one per learner rank, one per engine or server it starts itself."""
     if not config.cluster.n_gpus_per_node:
         return 0
-    own = 1 if config.rollout.engine == "hf" else launched_servers(config)
+    own = 1 if config.inference.engine == "hf" else launched_servers(config)
     return config.learner.n_ranks + own
 
 
 def launched_servers(config: Config) -> int:
-    """How many inference servers one run launches (rollout.engine=sglang, no addresses)."""
-    return config.rollout.n_servers if launches_servers(config) else 0
+    """How many inference servers one run launches (inference.engine=sglang, no addresses)."""
+    return config.inference.n_servers if launches_servers(config) else 0
 
 
 def available_cores() -> int:

@@ -55,7 +55,7 @@ class AlgorithmConfig:
         0.0, "beta of the KL-to-reference penalty in the reward.", ge=0
     )
 
-    # --- Sampling (temperature lives in rollout.temperature; the learner scales the same) -----
+    # --- Sampling (temperature lives in sampling.temperature; the learner scales the same) -----
     dynamic_sampling: bool = documented(False, "DAPO: drop groups whose rewards are all equal.")
 
     # --- Policy loss ------------------------------------------------------------------------
@@ -81,7 +81,7 @@ class AlgorithmConfig:
     loss_norm_constant: float | None = documented(
         None,
         "Constant length C of seq-mean-token-sum-norm; None = the generation budget "
-        "(rollout.max_new_tokens) in an experiment config.",
+        "(sampling.max_new_tokens) in an experiment config.",
         gt=0,
     )
     ppo_n_minibatches: int = documented(4, "Optimiser steps per training batch.", ge=1)

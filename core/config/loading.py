@@ -15,6 +15,7 @@ replaces a ``cluster.fileroot`` left at its default (see :func:`_fileroot_from_e
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import logging
@@ -43,8 +44,28 @@ from core.storage import filesystem, is_local, storage_retry
 
 logger = logging.getLogger(__name__)
 
-# Keys renamed since earlier releases: an old key fails with a message naming the new one.
-RENAMED: dict[str, str] = {"actor": "learner", "eval.batch_size": "eval.max_concurrent"}
+# Keys renamed since earlier releases, old -> new: a config (file, command line, variant) that
+# uses an old key is read as if it named the new one, with a warning saying so.
+RENAMED: dict[str, str] = {
+    "actor": "learner",
+    "eval.batch_size": "eval.max_concurrent",
+    # the rollout section split by concern: the async loop stays, its engine, sampling, agent
+    # and tool settings moved to sections of their own
+    **{f"rollout.{key}": f"inference.{key}" for key in (
+        "engine", "server_addresses", "n_servers", "server_launcher", "weight_sync",
+        "server_python", "max_batch_rows", "prefix_cache_tokens", "kv_after_update",
+    )},
+    **{f"rollout.{key}": f"sampling.{key}" for key in (
+        "max_new_tokens", "temperature", "top_p", "top_k",
+    )},
+    "rollout.agent": "agent.function",
+    "rollout.max_turns": "agent.max_turns",
+    "rollout.trajectory_mode": "agent.trajectory_mode",
+    "rollout.tool_latency_s": "tools.latency_s",
+    "rollout.tool_latency_p99_s": "tools.latency_p99_s",
+    "rollout.tool_timeout_s": "tools.timeout_s",
+    "rollout.sandbox": "tools.sandbox",
+}  # fmt: skip
 
 Layer = tuple[str, dict[str, Any]]  # (where it came from, a nested dict checked against the schema)
 
@@ -65,7 +86,7 @@ class ConfigSource:
 
     def with_values(self, values: dict[str, Any], label: str = "values") -> ConfigSource:
         """The same source with one more layer of dotted-key values on top."""
-        layer = _nest(values)
+        layer = _renamed(_nest(values), label)
         _check_keys(layer, Config, prefix="", source=label)
         return dataclasses.replace(self, layers=[*self.layers, (label, layer)])
 
@@ -86,6 +107,7 @@ def parse_config(
     file_layers = len(layers)
     if overrides:
         layers.append(("command line", parse_overrides(overrides)))
+    layers = [(source, _renamed(layer, source)) for source, layer in layers]
     for source, layer in layers:
         _check_keys(layer, Config, prefix="", source=source)
     return ConfigSource(layers, file_layers)
@@ -161,7 +183,7 @@ def _fill_derived(config: Config) -> None:
     """Defaults that depend on another section, written into the config so the run records them."""
     algo = config.algorithm
     if algo.loss_aggregation == "seq-mean-token-sum-norm" and algo.loss_norm_constant is None:
-        algo.loss_norm_constant = float(config.rollout.max_new_tokens)  # Dr.GRPO's constant C
+        algo.loss_norm_constant = float(config.sampling.max_new_tokens)  # Dr.GRPO's constant C
 
 
 def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
@@ -202,21 +224,21 @@ def validate(config: Config) -> None:
         raise ConfigError(problem)
     if config.eval.n_samples > 0 and not config.eval.temperature > 0:
         raise ConfigError(f"eval.temperature must be > 0 to sample, got {config.eval.temperature}")
-    if config.rollout.temperature < 0:
-        raise ConfigError(f"rollout.temperature must be >= 0, got {config.rollout.temperature}")
-    if not 0 < config.rollout.top_p <= 1:
-        raise ConfigError(f"rollout.top_p must be in (0, 1], got {config.rollout.top_p}")
+    if config.sampling.temperature < 0:
+        raise ConfigError(f"sampling.temperature must be >= 0, got {config.sampling.temperature}")
+    if not 0 < config.sampling.top_p <= 1:
+        raise ConfigError(f"sampling.top_p must be in (0, 1], got {config.sampling.top_p}")
     if source.generated and config.data.n_test <= 0:
         raise ConfigError("data.n_test must be > 0 for synthetic data")
     _check_tool_latency(config)
     _check_reward_model(config)
     algo = config.algorithm
     if algo.overlong_reward_penalty:
-        max_len = algo.overlong_max_len or config.rollout.max_new_tokens
+        max_len = algo.overlong_max_len or config.sampling.max_new_tokens
         if not 0 < algo.overlong_buffer_len <= max_len:
             raise ConfigError(
                 f"algorithm.overlong_buffer_len={algo.overlong_buffer_len} must be in (0, {max_len}] "
-                "(algorithm.overlong_max_len, or rollout.max_new_tokens when unset)"
+                "(algorithm.overlong_max_len, or sampling.max_new_tokens when unset)"
             )
     for key, resolve in (
         ("rollout.reward_fn", resolve_reward),
@@ -227,50 +249,50 @@ def validate(config: Config) -> None:
         except ValueError as err:
             raise ConfigError(f"{key}: {err}") from None
     agent_workflow = config.rollout.workflow.endswith(":OpenAIAgentWorkflow")
-    if config.rollout.agent or agent_workflow:
+    if config.agent.function or agent_workflow:
         from core.workflows.openai_agent import load_agent  # transformers: only when used
 
         try:
-            load_agent(config.rollout.agent)
+            load_agent(config.agent.function)
         except ValueError as err:
-            raise ConfigError(f"rollout.agent: {err}") from None
-    if config.rollout.trajectory_mode == "per_turn" and not agent_workflow:
+            raise ConfigError(f"agent.function: {err}") from None
+    if config.agent.trajectory_mode == "per_turn" and not agent_workflow:
         raise ConfigError(
-            "rollout.trajectory_mode=per_turn needs the agent workflow "
+            "agent.trajectory_mode=per_turn needs the agent workflow "
             f"(rollout.workflow=core.workflows.openai_agent:OpenAIAgentWorkflow), got "
             f"rollout.workflow={config.rollout.workflow!r}"
         )
-    r = config.rollout
+    r = config.inference
     fleet_launched = r.engine == "sglang" and not r.server_addresses
     if r.kv_after_update == "keep" and not (
         r.engine == "hf" or (fleet_launched and r.server_launcher == "asyncrl")
     ):
         raise ConfigError(
-            "rollout.kv_after_update=keep needs our engine (rollout.engine=hf, or sglang with "
-            "rollout.server_launcher=asyncrl and no server_addresses)"
+            "inference.kv_after_update=keep needs our engine (inference.engine=hf, or sglang with "
+            "inference.server_launcher=asyncrl and no server_addresses)"
         )
     if r.max_batch_rows and not (r.engine == "hf" or fleet_launched):
         raise ConfigError(
-            "rollout.max_batch_rows needs an engine the run starts: rollout.engine=hf, or "
+            "inference.max_batch_rows needs an engine the run starts: inference.engine=hf, or "
             "sglang without server_addresses (servers launched with priority scheduling); got "
-            f"rollout.engine={r.engine!r}"
+            f"inference.engine={r.engine!r}"
             + (" with server_addresses" if r.server_addresses else "")
         )
-    if config.rollout.engine == "vllm" and not config.rollout.server_addresses:
+    if config.inference.engine == "vllm" and not config.inference.server_addresses:
         # The run launches SGLang-protocol servers (ours or SGLang), not vLLM.
         raise ConfigError(
-            "rollout.engine='vllm' needs running servers in rollout.server_addresses "
-            "(host:port, ...); or rollout.engine=sglang with no addresses, which launches "
-            "rollout.n_servers servers (rollout.server_launcher), or rollout.engine=hf"
+            "inference.engine='vllm' needs running servers in inference.server_addresses "
+            "(host:port, ...); or inference.engine=sglang with no addresses, which launches "
+            "inference.n_servers servers (inference.server_launcher), or inference.engine=hf"
         )
-    if config.rollout.weight_sync == "distributed" and config.rollout.engine != "sglang":
+    if config.inference.weight_sync == "distributed" and config.inference.engine != "sglang":
         raise ConfigError(
-            "rollout.weight_sync='distributed' needs rollout.engine=sglang (servers that speak "
-            f"SGLang's weight-update protocol), got rollout.engine={config.rollout.engine!r}"
+            "inference.weight_sync='distributed' needs inference.engine=sglang (servers that speak "
+            f"SGLang's weight-update protocol), got inference.engine={config.inference.engine!r}"
         )
-    python = config.rollout.server_python
+    python = config.inference.server_python
     if python and shutil.which(python) is None:
-        raise ConfigError(f"rollout.server_python={python!r}: no such interpreter")
+        raise ConfigError(f"inference.server_python={python!r}: no such interpreter")
 
 
 def _check_reward_model(config: Config) -> None:
@@ -297,11 +319,11 @@ def _check_reward_model(config: Config) -> None:
 
 def _check_tool_latency(config: Config) -> None:
     """A latency tail needs a median to scale and a p99 at or above it."""
-    median, p99 = config.rollout.tool_latency_s, config.rollout.tool_latency_p99_s
+    median, p99 = config.tools.latency_s, config.tools.latency_p99_s
     if p99 and not 0 < median <= p99:
         raise ConfigError(
-            f"rollout.tool_latency_p99_s={p99} needs 0 < rollout.tool_latency_s <= it (the "
-            f"median), got rollout.tool_latency_s={median}; or tool_latency_p99_s=0 (no tail)"
+            f"tools.latency_p99_s={p99} needs 0 < tools.latency_s <= it (the "
+            f"median), got tools.latency_s={median}; or latency_p99_s=0 (no tail)"
         )
 
 
@@ -421,7 +443,7 @@ def latest_trial(config: Config) -> str | None:
 
 
 def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """``("rollout.temperature", 1.0)`` for every leaf field of a config (or section)."""
+    """``("sampling.temperature", 1.0)`` for every leaf field of a config (or section)."""
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
         if dataclasses.is_dataclass(value):
@@ -493,14 +515,44 @@ def _keep_yaml11_words(fields: list[str], parsed: dict[str, Any]) -> None:
             node[leaf] = raw
 
 
+def _renamed(layer: dict[str, Any], source: str) -> dict[str, Any]:
+    """The layer with every key of :data:`RENAMED` moved to its new name (a warning per key);
+    the layer itself is not changed. Both names in one layer is an error."""
+    out = copy.deepcopy(layer)
+    for old, new in RENAMED.items():
+        *old_parents, old_leaf = old.split(".")
+        parent = _section(out, old_parents)
+        if parent is None or old_leaf not in parent:
+            continue
+        *new_parents, new_leaf = new.split(".")
+        target = _section(out, new_parents, create=True)
+        if target is None:
+            raise ConfigError(f"'{'.'.join(new_parents)}' (in {source}) is a section")
+        if new_leaf in target:
+            raise ConfigError(f"config key '{old}' (in {source}) is now '{new}'; give only '{new}'")
+        target[new_leaf] = parent.pop(old_leaf)
+        logger.warning("config key '%s' (in %s) is now '%s': read as that", old, source, new)
+    return out
+
+
+def _section(layer: dict[str, Any], path: list[str], create: bool = False) -> dict[str, Any] | None:
+    """The nested mapping at ``path`` (None where a part is missing or not a mapping)."""
+    node: Any = layer
+    for name in path:
+        if create and name not in node:
+            node[name] = {}
+        node = node.get(name)
+        if not isinstance(node, dict):
+            return None
+    return node
+
+
 def _check_keys(layer: dict[str, Any], schema: type, prefix: str, source: str) -> None:
     """Every key must be a field of the schema; suggest the closest valid names otherwise."""
     hints = typing.get_type_hints(schema)
     names = [f.name for f in dataclasses.fields(schema)]
     for key, value in layer.items():
         dotted = f"{prefix}{key}"
-        if dotted in RENAMED:
-            raise ConfigError(f"config key '{dotted}' (in {source}) is now '{RENAMED[dotted]}'")
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=3, cutoff=0.5)
             valid = [f"{prefix}{name}" for name in (close or names)]

@@ -372,42 +372,9 @@ class RewardModelConfig:
 
 @dataclass
 class RolloutConfig:
-    """Generation: engines, sampling, and the staleness bound of the async loop."""
+    """The async loop: batches, the staleness bound, episodes in flight, their workflow and
+    reward, and when to give up."""
 
-    engine: str = documented(
-        "hf",
-        "'hf' (our engine inside the rollout worker, CPU/GPU), 'sglang' (servers speaking "
-        "SGLang's HTTP API: launched by the run, or running ones) or 'vllm' (running servers).",
-        choices=("hf", "sglang", "vllm"),
-    )
-    server_addresses: list[str] = documented(
-        [],
-        "host:port of running inference servers for rollout.engine=sglang|vllm; the run brings "
-        "them to its starting weights first. Empty with sglang = the run launches "
-        "rollout.n_servers servers itself (required with vllm; unused with hf).",
-    )
-    n_servers: int = documented(
-        1, "Inference servers the run launches (rollout.engine=sglang, no server_addresses).", gt=0
-    )
-    server_launcher: str = documented(
-        "asyncrl",
-        "What the run launches: 'asyncrl' (our engine server, python -m core.inference.server, "
-        "CPU or CUDA) or 'sglang' (python -m sglang.launch_server, a GPU node).",
-        choices=("asyncrl", "sglang"),
-    )
-    weight_sync: str = documented(
-        "disk",
-        "How new weights reach servers (rollout.engine=sglang): 'disk' (a HF folder under the "
-        "run folder; uploaded and fetched when that is s3:// etc.) or 'distributed' (broadcast "
-        "from the learner's rank 0 over a process group, SGLang's update_weights_from_distributed; "
-        "gloo on CPU, nccl with GPUs).",
-        choices=("disk", "distributed"),
-    )
-    server_python: str = documented(
-        "",
-        "Interpreter of the launched servers (SGLang pins its own torch: point this at its "
-        "environment); empty = this one.",
-    )
     batch_size: int = documented(
         16, "Prompts per training step (each sampled group_size times).", gt=0
     )
@@ -424,41 +391,6 @@ class RolloutConfig:
         "older than max_staleness either way; off = always admit up to max_staleness.",
     )
     max_concurrent: int = documented(64, "Most episodes in flight at once.", gt=0)
-    max_batch_rows: int = documented(
-        0,
-        "Most requests an engine decodes together: the in-process one (rollout.engine=hf), or "
-        "each server the run launches (sglang without server_addresses: SGLang's "
-        "--max-running-requests with priority scheduling, lowest first); 0 = max_concurrent. "
-        "Below the number of calls waiting, the oldest groups' calls go first, so groups "
-        "finish in about the order they started instead of all advancing together (with many "
-        "episodes in flight, every group then reaches the staleness bound at once).",
-        ge=0,
-    )
-    prefix_cache_tokens: int = documented(
-        131_072,
-        "Tokens of finished requests' KV cache the in-process engine keeps, so a request that "
-        "continues one (an agent's next call) prefills only its new tokens; 0 = off. Cleared "
-        "on every weight update unless rollout.kv_after_update=keep.",
-        ge=0,
-    )
-    kv_after_update: str = documented(
-        "recompute",
-        "What the engine does with KV caches when new weights load: 'recompute' (AReaL: "
-        "running requests abort and are resubmitted, kept caches are dropped; each prefills its "
-        "conversation again under the new weights) or 'keep' (PipelineRL's in-flight update: "
-        "conversations continue on keys and values computed by older weights, and on the "
-        "in-process engine running requests stay in the batch across the update, so later "
-        "tokens are sampled from a mix of versions; their recorded log-probs are the ones "
-        "sampled with, so the behaviour weights stay exact). Our engines only "
-        "(rollout.engine=hf, or server_launcher=asyncrl).",
-        choices=("recompute", "keep"),
-    )
-    max_new_tokens: int = documented(64, "Generation budget per completion.", gt=0)
-    temperature: float = documented(
-        1.0, "Sampling temperature (the learner scales its logits the same way)."
-    )
-    top_p: float = documented(1.0, "Nucleus sampling; 1.0 = off.")
-    top_k: int = documented(0, "Top-k sampling; 0 = off.", ge=0)
     workflow: str = documented(
         "core.workflows.rlvr:RLVRWorkflow", "Episode workflow, by import path."
     )
@@ -504,13 +436,103 @@ class RolloutConfig:
         "warning; toward rollout.max_failure_rate): it never holds a slot forever. 0 = no limit.",
         ge=0,
     )
-    max_turns: int = documented(
-        4, "Tool-agent and agent workflows: most model turns (completion calls) per episode.", gt=0
+
+
+@dataclass
+class InferenceConfig:
+    """Where completions are generated: our engine or inference servers, and how they take
+    new weights."""
+
+    engine: str = documented(
+        "hf",
+        "'hf' (our engine inside the rollout worker, CPU/GPU), 'sglang' (servers speaking "
+        "SGLang's HTTP API: launched by the run, or running ones) or 'vllm' (running servers).",
+        choices=("hf", "sglang", "vllm"),
     )
-    agent: str = documented(
+    server_addresses: list[str] = documented(
+        [],
+        "host:port of running inference servers for inference.engine=sglang|vllm; the run brings "
+        "them to its starting weights first. Empty with sglang = the run launches "
+        "inference.n_servers servers itself (required with vllm; unused with hf).",
+    )
+    n_servers: int = documented(
+        1,
+        "Inference servers the run launches (inference.engine=sglang, no server_addresses).",
+        gt=0,
+    )
+    server_launcher: str = documented(
+        "asyncrl",
+        "What the run launches: 'asyncrl' (our engine server, python -m core.inference.server, "
+        "CPU or CUDA) or 'sglang' (python -m sglang.launch_server, a GPU node).",
+        choices=("asyncrl", "sglang"),
+    )
+    weight_sync: str = documented(
+        "disk",
+        "How new weights reach servers (inference.engine=sglang): 'disk' (a HF folder under the "
+        "run folder; uploaded and fetched when that is s3:// etc.) or 'distributed' (broadcast "
+        "from the learner's rank 0 over a process group, SGLang's update_weights_from_distributed; "
+        "gloo on CPU, nccl with GPUs).",
+        choices=("disk", "distributed"),
+    )
+    server_python: str = documented(
+        "",
+        "Interpreter of the launched servers (SGLang pins its own torch: point this at its "
+        "environment); empty = this one.",
+    )
+    max_batch_rows: int = documented(
+        0,
+        "Most requests an engine decodes together: the in-process one (inference.engine=hf), or "
+        "each server the run launches (sglang without server_addresses: SGLang's "
+        "--max-running-requests with priority scheduling, lowest first); 0 = rollout.max_concurrent. "
+        "Below the number of calls waiting, the oldest groups' calls go first, so groups "
+        "finish in about the order they started instead of all advancing together (with many "
+        "episodes in flight, every group then reaches the staleness bound at once).",
+        ge=0,
+    )
+    prefix_cache_tokens: int = documented(
+        131_072,
+        "Tokens of finished requests' KV cache the in-process engine keeps, so a request that "
+        "continues one (an agent's next call) prefills only its new tokens; 0 = off. Cleared "
+        "on every weight update unless inference.kv_after_update=keep.",
+        ge=0,
+    )
+    kv_after_update: str = documented(
+        "recompute",
+        "What the engine does with KV caches when new weights load: 'recompute' (AReaL: "
+        "running requests abort and are resubmitted, kept caches are dropped; each prefills its "
+        "conversation again under the new weights) or 'keep' (PipelineRL's in-flight update: "
+        "conversations continue on keys and values computed by older weights, and on the "
+        "in-process engine running requests stay in the batch across the update, so later "
+        "tokens are sampled from a mix of versions; their recorded log-probs are the ones "
+        "sampled with, so the behaviour weights stay exact). Our engines only "
+        "(inference.engine=hf, or server_launcher=asyncrl).",
+        choices=("recompute", "keep"),
+    )
+
+
+@dataclass
+class SamplingConfig:
+    """How completions are sampled (RL rollouts; the learner scales its logits the same way)."""
+
+    max_new_tokens: int = documented(64, "Generation budget per completion.", gt=0)
+    temperature: float = documented(
+        1.0, "Sampling temperature (the learner scales its logits the same way)."
+    )
+    top_p: float = documented(1.0, "Nucleus sampling; 1.0 = off.")
+    top_k: int = documented(0, "Top-k sampling; 0 = off.", ge=0)
+
+
+@dataclass
+class AgentConfig:
+    """Multi-turn episodes: the agent function and what one episode trains as."""
+
+    function: str = documented(
         "",
         "Agent workflow (core.workflows.openai_agent:OpenAIAgentWorkflow): the async function that plays "
         "an episode with an OpenAI-shaped client, by import path (module:function).",
+    )
+    max_turns: int = documented(
+        4, "Tool-agent and agent workflows: most model turns (completion calls) per episode.", gt=0
     )
     trajectory_mode: str = documented(
         "conversation",
@@ -520,21 +542,28 @@ class RolloutConfig:
         "(grpo, rloo) count each episode once either way.",
         choices=("conversation", "per_turn"),
     )
-    tool_latency_s: float = documented(
+
+
+@dataclass
+class ToolsConfig:
+    """Tools of the tagged-tool and agent workflows, and the sandbox that runs model-written
+    code (their tools and code rewards)."""
+
+    latency_s: float = documented(
         0.0,
         "Tool-agent and agent workflows: simulated latency per tool call (models remote "
-        "tools/APIs); with tool_latency_p99_s, the median of a long-tailed (log-normal) latency.",
+        "tools/APIs); with latency_p99_s, the median of a long-tailed (log-normal) latency.",
         ge=0,
     )
-    tool_latency_p99_s: float = documented(
+    latency_p99_s: float = documented(
         0.0,
         "Agent workflow tools that draw latencies (the search agent): the 99th percentile of a "
-        "log-normal latency whose median is tool_latency_s (sigma = ln(p99/median)/2.3263), "
-        "drawn per call, seeded per episode; 0 = no tail, every call takes tool_latency_s. "
-        "Must be >= tool_latency_s > 0 when set.",
+        "log-normal latency whose median is latency_s (sigma = ln(p99/median)/2.3263), "
+        "drawn per call, seeded per episode; 0 = no tail, every call takes latency_s. "
+        "Must be >= latency_s > 0 when set.",
         ge=0,
     )
-    tool_timeout_s: float = documented(
+    timeout_s: float = documented(
         5.0,
         "Wall-time limit of one sandboxed python call: the tool agent's python tool, and the "
         "test run of a reward that runs code (core.rewards.code); also the per-call limit of the "
@@ -733,7 +762,11 @@ class Config:
     reward_model: RewardModelConfig = documented(
         help="Reward model (Bradley–Terry).", factory=RewardModelConfig
     )
-    rollout: RolloutConfig = documented(help="Generation and staleness.", factory=RolloutConfig)
+    rollout: RolloutConfig = documented(help="The async loop and staleness.", factory=RolloutConfig)
+    inference: InferenceConfig = documented(help="Engines and servers.", factory=InferenceConfig)
+    sampling: SamplingConfig = documented(help="Sampling settings.", factory=SamplingConfig)
+    agent: AgentConfig = documented(help="Multi-turn agent episodes.", factory=AgentConfig)
+    tools: ToolsConfig = documented(help="Agent tools and the sandbox.", factory=ToolsConfig)
     algorithm: AlgorithmConfig = documented(
         help="RL algorithm (preset + overrides).", factory=AlgorithmConfig
     )

@@ -19,7 +19,7 @@ import logging
 import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,12 @@ class SamplingParams:
     min_new_tokens: int = 0  # stop tokens and eos cannot be sampled before this many
     ignore_eos: bool = False
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+
+    @classmethod
+    def of(cls, settings: Any) -> SamplingParams:
+        """The parameters a run samples rollouts with: the config's ``sampling`` section (its
+        ``max_new_tokens``, ``temperature``, ``top_p`` and ``top_k``)."""
+        return cls(settings.max_new_tokens, settings.temperature, settings.top_p, settings.top_k)
 
 
 @dataclass

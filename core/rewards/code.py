@@ -21,12 +21,12 @@ process (:data:`CACHE_SIZE` entries): the samples of a GRPO group often repeat.
 **Failures.** What the model's code does wrong — a syntax error, an exception, an infinite loop
 (killed at the wall-time limit), a memory or CPU limit, a socket or a write outside its workdir —
 scores 0 for every test it did not pass, and is counted by outcome (:func:`stats`). What the
-verifier cannot do — the sandbox refusing to run code (``rollout.sandbox=strict`` on a machine
+verifier cannot do — the sandbox refusing to run code (``tools.sandbox=strict`` on a machine
 without the jail's kernel features), a sandbox that failed to start, a malformed reference —
 raises, so the scorer scores 0 and counts a reward failure.
 
 **Settings and the event loop.** The sandbox policy and its wall-time limit come from the config
-(``rollout.sandbox``, ``rollout.tool_timeout_s``) as the keyword arguments ``sandbox`` and
+(``tools.sandbox``, ``tools.timeout_s``) as the keyword arguments ``sandbox`` and
 ``sandbox_timeout_s`` (:func:`core.rewards.registry.bind_settings`). Both rewards are marked
 :func:`~core.rewards.registry.blocking`: called inline, they run in a worker thread, and with
 ``rollout.reward_workers`` in a verifier process, never on the rollout's event loop.

@@ -182,10 +182,10 @@ def make_scorer(
 
 def reward_settings(config: Any) -> dict[str, Any]:
     """Config values a reward function gets when it names them as keyword parameters:
-    ``sandbox`` (``rollout.sandbox``) and ``sandbox_timeout_s`` (``rollout.tool_timeout_s``),
+    ``sandbox`` (``tools.sandbox``) and ``sandbox_timeout_s`` (``tools.timeout_s``),
     for rewards that run model-written code (:mod:`core.rewards.code`)."""
-    r = config.rollout
-    return {"sandbox": r.sandbox, "sandbox_timeout_s": r.tool_timeout_s}
+    t = config.tools
+    return {"sandbox": t.sandbox, "sandbox_timeout_s": t.timeout_s}
 
 
 def scorer_from_config(config: Any) -> Scorer:

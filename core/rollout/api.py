@@ -2,7 +2,7 @@
 
 A *workflow* turns one dataset sample into one episode by talking to an inference engine
 (single-turn generation, or a multi-turn agent with tools). An episode is trained as one
-trajectory, or as several (an agent's calls one by one: ``rollout.trajectory_mode=per_turn``)
+trajectory, or as several (an agent's calls one by one: ``agent.trajectory_mode=per_turn``)
 that share its reward. The executor runs ``group_size`` episodes per prompt and hands complete
 groups to the learner.
 """

@@ -3,7 +3,7 @@
 Runs on the driver over the whole batch (group statistics and batch whitening need every row);
 the learner ranks then train on their shards of the result.
 
-An episode may be several rows (an agent's calls, ``rollout.trajectory_mode=per_turn``; the
+An episode may be several rows (an agent's calls, ``agent.trajectory_mode=per_turn``; the
 batch's ``episode`` field says which). Group estimators then compare episodes, each counted
 once: an episode's score is its reward plus the per-row terms (overlong penalty, the KL paid in
 the reward) of all its rows; GRPO and RLOO give each row its episode's advantage, and

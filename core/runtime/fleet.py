@@ -1,14 +1,14 @@
-"""The run's own inference servers: ``rollout.n_servers`` processes speaking SGLang's HTTP API.
+"""The run's own inference servers: ``inference.n_servers`` processes speaking SGLang's HTTP API.
 
-With ``rollout.engine=sglang`` and no ``rollout.server_addresses``, the run launches its servers
+With ``inference.engine=sglang`` and no ``inference.server_addresses``, the run launches its servers
 from its starting weights (after SFT, or the resumed checkpoint's) *at* its starting version, so
 the first rollout needs no weight load. Each server may read the run's published weights
 (``--weights-root``), binds 127.0.0.1, and is started with a parent-death signal: a run that
 ends by any path, ``kill -9`` included, does not leave a server behind.
 
-``rollout.server_launcher`` picks the server: ours (``python -m core.inference.server``, the
+``inference.server_launcher`` picks the server: ours (``python -m core.inference.server``, the
 same protocol on CPU or CUDA) or SGLang's (``python -m sglang.launch_server`` run by
-``rollout.server_python``, its own environment).
+``inference.server_python``, its own environment).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ _MODULES = {"asyncrl": "core.inference.server", "sglang": "sglang.launch_server"
 
 def launches_servers(config: Config) -> bool:
     """Whether this run launches its own inference servers."""
-    return config.rollout.engine == "sglang" and not config.rollout.server_addresses
+    return config.inference.engine == "sglang" and not config.inference.server_addresses
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -60,9 +60,9 @@ def server_spec(
     host: str = "127.0.0.1",
 ) -> SGLangLaunchSpec:
     """How to start one of the run's servers on ``host:port``."""
-    r = config.rollout
+    r = config.inference
     extra = ["--weight-version", str(version), "--random-seed", str(config.experiment.seed)]
-    extra += ["--max-running-requests", str(r.max_batch_rows or r.max_concurrent)]
+    extra += ["--max-running-requests", str(r.max_batch_rows or config.rollout.max_concurrent)]
     if r.max_batch_rows:  # the oldest groups' calls first (the rollout sends their order)
         extra += ["--enable-priority-scheduling", "--schedule-low-priority-values-first"]
     if r.server_launcher == "asyncrl":
@@ -206,7 +206,7 @@ def launch_fleet(
     log_dir: Path,
     health_timeout_s: float = 600.0,
 ) -> ServerFleet:
-    """Start ``rollout.n_servers`` servers serving ``model_dir`` (a folder or URL) as ``version``; return once all
+    """Start ``inference.n_servers`` servers serving ``model_dir`` (a folder or URL) as ``version``; return once all
     answer ``/health`` (they load their models at the same time). ``weights_roots``: the local
     folders and URLs weight updates may come from (None entries skipped). A server that fails to
     start stops the others and raises with its log's tail."""
@@ -216,7 +216,7 @@ def launch_fleet(
     local_dir = fetch_dir(model_dir)  # a server starts from a local folder
     servers: list[LaunchedServer] = []
     try:
-        for i in range(config.rollout.n_servers):
+        for i in range(config.inference.n_servers):
             spec = server_spec(config, local_dir, version, roots, free_port())
             servers.append(start(spec, log_dir / f"server-{i}.log", die_with_parent=True))
         for server in servers:
@@ -235,7 +235,7 @@ def _launch_on_ray(
     config: Config, model_source: str, version: int, roots: list[str], log_dir: Path,
     health_timeout_s: float,
 ) -> ServerFleet:  # fmt: skip
-    """``rollout.n_servers`` :class:`ServerHost` actors, placed by resources (across nodes)."""
+    """``inference.n_servers`` :class:`ServerHost` actors, placed by resources (across nodes)."""
     import ray
 
     ensure_ray(config)
@@ -249,7 +249,7 @@ def _launch_on_ray(
     remote = ray.remote(ServerHost).options(**options)
     hosts = [
         remote.remote(config, model_source, version, roots, str(log_dir), health_timeout_s)
-        for _ in range(config.rollout.n_servers)
+        for _ in range(config.inference.n_servers)
     ]
     fleet = ServerFleet([], hosts)
     try:
@@ -263,4 +263,4 @@ def _launch_on_ray(
 
 def with_servers(config: Config, addresses: list[str]) -> Config:
     """``config`` whose rollout reaches ``addresses``."""
-    return replace(config, rollout=replace(config.rollout, server_addresses=list(addresses)))
+    return replace(config, inference=replace(config.inference, server_addresses=list(addresses)))

@@ -69,7 +69,7 @@ class LearnerWorker:
             dtype=config.model.dtype,
             attn_implementation=config.model.attn_implementation,
             seed=config.experiment.seed,
-            temperature=config.rollout.temperature,
+            temperature=config.sampling.temperature,
         )
         # The stages before RL: one learner with its section's optimiser settings.
         stages: dict[str, tuple[Any, dict[str, Any]]] = {
@@ -230,7 +230,7 @@ class LearnerWorker:
         barrier()
         return directory
 
-    # Weights by broadcast (rollout.weight_sync=distributed): rank 0 is rank 0 of a group with
+    # Weights by broadcast (inference.weight_sync=distributed): rank 0 is rank 0 of a group with
     # the inference servers; the other learner ranks only take part in gathering the state.
     def open_weight_group(
         self, master_address: str, master_port: int, world_size: int, name: str, backend: str

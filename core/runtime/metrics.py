@@ -195,7 +195,7 @@ def _episode_rows(group: Group) -> list[list[int]]:
 
 
 _KEPT_KV = (
-    "; expected with rollout.kv_after_update=keep: tokens sampled after an in-flight weight "
+    "; expected with inference.kv_after_update=keep: tokens sampled after an in-flight weight "
     "update read keys the older weights computed (the behaviour weight corrects for it)"
 )
 
@@ -212,7 +212,7 @@ def mismatch_metrics(
     """The update's ``mismatch/…`` metrics from the learner's stats (none when the learner could
     not check: see core/training/mismatch.py), with a warning naming the worst token's sample,
     episode and position when more than ``warn_frac`` of the checked tokens is off by more than
-    ``tolerance``. With ``kept_kv`` (``rollout.kv_after_update=keep``) the warning says why a
+    ``tolerance``. With ``kept_kv`` (``inference.kv_after_update=keep``) the warning says why a
     gap is expected there: a token sampled after an in-flight update read keys that the older
     weights computed, which the learner's recomputation does not."""
     metrics = {

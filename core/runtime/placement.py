@@ -96,7 +96,7 @@ def start_rollout(
     actor: Actor
     if config.scheduler.type == "ray":
         ensure_ray(config)
-        gpus = 1.0 if config.cluster.n_gpus_per_node and config.rollout.engine == "hf" else 0.0
+        gpus = 1.0 if config.cluster.n_gpus_per_node and config.inference.engine == "hf" else 0.0
         actor = RayActor(
             RolloutWorker,
             config,

@@ -1,7 +1,7 @@
 """Publishing the learner's weights to the engines, and the folders that carry them.
 
 Each RL step ends with :meth:`Publisher.publish`: the learner's new policy becomes the engines'
-``version``. Two ways, as ``rollout.weight_sync`` says:
+``version``. Two ways, as ``inference.weight_sync`` says:
 
 - ``disk`` (default): the learner exports a HF folder under ``{run_dir}/weights/v000007`` and the
   rollout worker swaps it in (our engine pauses, aborts in-flight requests, loads, resumes;
@@ -96,7 +96,7 @@ class Publisher:
         self.config = config
         self.root = local_path(join(config.run_dir, "weights"))
         # Servers and Ray nodes may share no disk with the driver (see the module docstring).
-        distributed = config.rollout.engine != "hf" or config.scheduler.type == "ray"
+        distributed = config.inference.engine != "hf" or config.scheduler.type == "ray"
         remote = distributed and not is_local(config.run_dir)
         self.url = join(config.run_dir, "weights") if remote else None
         self.broadcast: BroadcastSync | None = None
@@ -132,7 +132,7 @@ class Publisher:
     def open_broadcast(
         self, learners: LearnerHandle, rollout: RolloutHandle, n_servers: int
     ) -> None:
-        """``rollout.weight_sync=distributed``: form the weight group (NCCL on GPUs, else gloo)."""
+        """``inference.weight_sync=distributed``: form the weight group (NCCL on GPUs, else gloo)."""
         backend = "nccl" if self.config.cluster.n_gpus_per_node else "gloo"
         self.broadcast = BroadcastSync(learners, rollout, n_servers, backend)
         self.broadcast.open()

@@ -40,12 +40,12 @@ def build_workflow(config: Config, tokenizer: Any) -> Workflow:
 def build_engine(config: Config, model_dir: str, version: int = 0) -> InferenceEngine:
     """Our in-process engine holding ``model_dir`` as ``version``, or a client for servers (which
     :class:`RolloutWorker` brings to ``model_dir`` at ``version`` before the first rollout)."""
-    r = config.rollout
+    r = config.inference
     if r.engine == "hf":
         from core.inference.engine.hf_engine import HFEngine
 
         return HFEngine.from_pretrained(
-            model_dir, dtype=config.model.dtype, max_batch_size=r.max_batch_rows or r.max_concurrent,
+            model_dir, dtype=config.model.dtype, max_batch_size=r.max_batch_rows or config.rollout.max_concurrent,
             seed=config.experiment.seed, attn_implementation=config.model.attn_implementation,
             prefix_cache_tokens=r.prefix_cache_tokens, version=version,
             keep_kv_on_update=r.kv_after_update == "keep",
@@ -91,7 +91,7 @@ class RolloutWorker:
         )
         self._thread.start()
         self.engine = build_engine(config, model_dir, version)
-        if config.rollout.engine != "hf":  # servers serve the run's starting weights first
+        if config.inference.engine != "hf":  # servers serve the run's starting weights first
             start = WeightSource(path=weights_url or model_dir)
             self._run(self.engine.start_from(start, version))
         self.workflow = build_workflow(config, self.tokenizer)
@@ -135,7 +135,7 @@ class RolloutWorker:
         """Pause submission → pause engine (in-flight requests abort) → load → resume. Seconds taken."""
         start = time.perf_counter()
         # Our engine reads local folders (a URL is fetched here, then dropped); servers fetch.
-        local = fetch_dir(path) if self.config.rollout.engine == "hf" else path
+        local = fetch_dir(path) if self.config.inference.engine == "hf" else path
         try:
             self._run(self._update(WeightSource(path=local), version))
         finally:
@@ -146,7 +146,7 @@ class RolloutWorker:
     def init_weight_group(
         self, master_address: str, master_port: int, name: str, backend: str
     ) -> None:
-        """The servers join the learner's weight group (rollout.weight_sync=distributed)."""
+        """The servers join the learner's weight group (inference.weight_sync=distributed)."""
         self._run(self.engine.init_weight_group(master_address, master_port, name, backend))
 
     def restore_servers(self, addresses: list[str]) -> None:
@@ -218,13 +218,13 @@ class RolloutWorker:
         """Pause submission → pause engine → ``load`` → resume.
 
         In-flight requests abort and their agents resubmit them (AReaL's interruptible
-        generation), except on our in-process engine with ``rollout.kv_after_update=keep``: they
+        generation), except on our in-process engine with ``inference.kv_after_update=keep``: they
         stay in its batch and go on decoding on their KV cache under the new weights (PipelineRL),
         instead of each prefilling its whole conversation again (at 512 episodes in flight that
         re-prefill took most of the engine's time).
         """
         self.executor.pause()
-        r = self.config.rollout
+        r = self.config.inference
         if r.engine == "hf" and r.kv_after_update == "keep":
             await self.engine.pause("hold")  # type: ignore[call-arg]
         else:

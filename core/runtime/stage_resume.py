@@ -34,7 +34,7 @@ STAGE_SECTIONS = {
     "reward_model": ("experiment", "data", "model", "sft", "preference", "reward_model"),
     "dpo": ("experiment", "data", "model", "sft", "preference", "dpo"),
 }
-NUMERICS = ("learner.micro_batch_tokens", "learner.pack_sequences", "rollout.temperature")
+NUMERICS = ("learner.micro_batch_tokens", "learner.pack_sequences", "sampling.temperature")
 RL_ONLY = ("reward_model.use_in_rl", "reward_model.coef", "reward_model.task_coef",
            "reward_model.path", "dpo.eval_start")  # fmt: skip
 CHECKPOINT_KEYS = ("step", "loader", "before", "seconds", "params")

@@ -80,7 +80,7 @@ class RLResult:
 def to_batch(groups: list[Group], pad_id: int) -> TrainBatch:
     """Groups → one padded batch; each group's trajectories stay consecutive. Row fields
     ``group`` and ``episode`` number each row's group and episode across the batch (an episode
-    may be several rows: ``rollout.trajectory_mode=per_turn``)."""
+    may be several rows: ``agent.trajectory_mode=per_turn``)."""
     rows = [t for g in groups for t in g.trajectories]
     batch = collate(rows, pad_id)
     group_ids, episode_ids, first = [], [], 0
@@ -156,9 +156,9 @@ class Trainer:
                 rollout_cfg, start_url or resume.init_dir, self.train, version=start,
                 state=resume.rollout_state, weights_url=start_url,
             )  # fmt: skip
-            if cfg.rollout.weight_sync == "distributed":
+            if cfg.inference.weight_sync == "distributed":
                 publisher.open_broadcast(
-                    learners, rollout, len(rollout_cfg.rollout.server_addresses)
+                    learners, rollout, len(rollout_cfg.inference.server_addresses)
                 )
             version = start
             if not self.evals and cfg.eval.at_start:
@@ -233,7 +233,7 @@ class Trainer:
         ref = learners.compute_ref_logprobs(batch) if algo.kl_in_reward_coef > 0 else None
         # 3. Advantages.
         batch = with_advantages(
-            batch, algo, max_new_tokens=cfg.rollout.max_new_tokens, values=values, ref_logprobs=ref
+            batch, algo, max_new_tokens=cfg.sampling.max_new_tokens, values=values, ref_logprobs=ref
         )
         # 4. Policy step (π_prox, ppo_n_minibatches updates, the critic): version + 1.
         stats = learners.rl_update(batch)
@@ -249,7 +249,7 @@ class Trainer:
         learner_cfg = cfg.learner
         metrics.update(mismatch_metrics(stats, groups, step, tolerance=learner_cfg.mismatch_tolerance,
                                         warn_frac=learner_cfg.mismatch_warn_frac,
-                                        kept_kv=cfg.rollout.kv_after_update == "keep"))  # fmt: skip
+                                        kept_kv=cfg.inference.kv_after_update == "keep"))  # fmt: skip
         if ref is not None:  # the KL that the reward paid, per token, against the reference
             kl = kl_penalty(batch.behaviour_logprobs, ref, algo.kl_estimator)
             metrics["reward/kl_in_reward"] = float(masked_mean(kl, batch.loss_mask))

@@ -300,7 +300,7 @@ def _warn_once(mode: str, missing: str) -> None:
     if mode == "strict":
         log.error("sandbox: refusing to run tool code: this machine lacks %s", missing)
     else:
-        log.warning("sandbox: running tool code without %s (rollout.sandbox=best_effort)", missing)
+        log.warning("sandbox: running tool code without %s (tools.sandbox=best_effort)", missing)
 
 
 def _make_host_workdir() -> str:
@@ -382,7 +382,7 @@ async def run_jailed(
         if limits.isolation == "strict":
             error = (
                 f"sandbox refused to run tool code: this machine lacks {iso.describe_missing()}; "
-                "set rollout.sandbox=best_effort to run it with less isolation"
+                "set tools.sandbox=best_effort to run it with less isolation"
             )
             return ToolResult(False, "", error, False, time.monotonic() - start)
     host_workdir = None if "mount-namespace" in iso.available else _make_host_workdir()

@@ -6,7 +6,7 @@ weights the learner holds before its update, so ``log π_learner(y_t) − log π
 be ~0 (fp32 on CPU: the arithmetic differs only in summation order). A gap there is a bug that
 looks like noise: a re-tokenised template, a wrong mask or version, a sampling setting the
 learner does not apply (a per-call temperature, a penalty, top-p), in-flight weight updates on
-a kept KV cache (``rollout.kv_after_update=keep``: the engine's log-prob mixes old keys with
+a kept KV cache (``inference.kv_after_update=keep``: the engine's log-prob mixes old keys with
 new weights, by design), or low-precision kernels on GPU. Peers log the same quantity (verl's
 rollout-correction metrics, slime's train/rollout log-prob difference, TRL's vLLM importance
 sampling correction).

@@ -1,7 +1,7 @@
 """A small agent written against the OpenAI client shape: arithmetic with a calculator tool.
 
 Run it with ``rollout.workflow=core.workflows.openai_agent:OpenAIAgentWorkflow`` and
-``rollout.agent=core.workflows.examples:calculator_agent`` (and ``data.prompt_format=chat``).
+``agent.function=core.workflows.examples:calculator_agent`` (and ``data.prompt_format=chat``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ Z_99 = 2.3263  # standard normal quantile at 0.99
 
 @dataclass(frozen=True)
 class LatencySpec:
-    """How long a simulated tool call takes (config: rollout.tool_latency_s, _p99_s, timeout_s)."""
+    """How long a simulated tool call takes (config: tools.latency_s, _p99_s, timeout_s)."""
 
     median_s: float = 0.0
     p99_s: float = 0.0  # 0 = no tail: every call takes median_s

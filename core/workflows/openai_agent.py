@@ -1,6 +1,6 @@
 """Agent code as a rollout workflow: ``rollout.workflow=core.workflows.openai_agent:OpenAIAgentWorkflow``.
 
-``rollout.agent`` names an async function (``"package.module:function"``) that plays one episode::
+``agent.function`` names an async function (``"package.module:function"``) that plays one episode::
 
     async def my_agent(episode: AgentEpisode) -> float | str | None:
         messages = episode.messages          # system (data.system_prompt) + the user's question
@@ -11,7 +11,7 @@
 ``episode.client`` has the OpenAI SDK's ``chat.completions.create`` shape
 (:class:`~core.workflows.openai_client.AgentChatClient`), backed by the run's engine; the
 conversation becomes one trajectory, model tokens trained, or with
-``rollout.trajectory_mode=per_turn`` each call becomes its own (they share the episode's reward). The agent returns its final answer
+``agent.trajectory_mode=per_turn`` each call becomes its own (they share the episode's reward). The agent returns its final answer
 (a string, scored against ``sample["answer"]`` by ``rollout.reward_fn``), a reward (a number),
 or None to reject the episode. An agent in another process uses the server's
 ``/v1/chat/completions`` instead (:mod:`core.inference.server.chat_endpoint`).
@@ -44,12 +44,12 @@ class AgentEpisode:
     client: AgentChatClient  # client.chat.completions.create(messages=..., tools=...)
     sample: dict[str, Any]  # the dataset row: "question", "answer", maybe "system", "seed"
     messages: list[dict[str, Any]]  # the opening conversation, rendered as the run's prompts are
-    max_turns: int  # rollout.max_turns: the most completion calls the agent should make
-    # rollout.tool_latency_s/_p99_s/tool_timeout_s: its tools' latency draws and per-call limit
+    max_turns: int  # agent.max_turns: the most completion calls the agent should make
+    # tools.latency_s/latency_p99_s/timeout_s: its tools' latency draws and per-call limit
     # (run them through core.workflows.latency.ToolClock)
     tool_latency: LatencySpec = field(default_factory=LatencySpec)
     info: dict[str, Any] = field(default_factory=dict)  # the agent's notes -> trajectory metadata
-    # rollout.tool_timeout_s/sandbox: the limits of tools that run model-written code in the
+    # tools.timeout_s/sandbox: the limits of tools that run model-written code in the
     # sandbox (core.sandbox: run_python, run_bash)
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)
 
@@ -60,10 +60,10 @@ AgentFn = Callable[[AgentEpisode], Awaitable[float | str | None]]
 
 
 def load_agent(path: str) -> AgentFn:
-    """The agent function named by ``rollout.agent``, checked to be a coroutine function."""
+    """The agent function named by ``agent.function``, checked to be a coroutine function."""
     if not path:
         raise ValueError(
-            "needs an agent, e.g. rollout.agent=core.workflows.examples:calculator_agent"
+            "needs an agent, e.g. agent.function=core.workflows.examples:calculator_agent"
         )
     agent = load_object(path, "agent")
     if not inspect.iscoroutinefunction(agent):
@@ -72,7 +72,7 @@ def load_agent(path: str) -> AgentFn:
 
 
 class OpenAIAgentWorkflow:
-    """Runs ``rollout.agent`` once per episode with an OpenAI-shaped client (see module doc)."""
+    """Runs ``agent.function`` once per episode with an OpenAI-shaped client (see module doc)."""
 
     def __init__(
         self,
@@ -99,23 +99,23 @@ class OpenAIAgentWorkflow:
         self.sandbox = sandbox or SandboxLimits()
         if trajectory_mode not in TRAJECTORY_MODES:
             raise ValueError(
-                f"rollout.trajectory_mode={trajectory_mode!r}: expected one of {TRAJECTORY_MODES}"
+                f"agent.trajectory_mode={trajectory_mode!r}: expected one of {TRAJECTORY_MODES}"
             )
         self.per_turn = trajectory_mode == "per_turn"
 
     @classmethod
     def from_config(cls, config: Any, tokenizer: PreTrainedTokenizerBase) -> OpenAIAgentWorkflow:
-        r = config.rollout
+        t = config.tools
         return cls(
             tokenizer,
-            load_agent(r.agent),
-            SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k),
+            load_agent(config.agent.function),
+            SamplingParams.of(config.sampling),
             score=scorer_from_config(config),
             prompter=Prompter.from_config(config, tokenizer),
-            max_turns=r.max_turns,
-            tool_latency=LatencySpec(r.tool_latency_s, r.tool_latency_p99_s, r.tool_timeout_s),
-            trajectory_mode=r.trajectory_mode,
-            sandbox=SandboxLimits(wall_time_s=r.tool_timeout_s, isolation=r.sandbox),
+            max_turns=config.agent.max_turns,
+            tool_latency=LatencySpec(t.latency_s, t.latency_p99_s, t.timeout_s),
+            trajectory_mode=config.agent.trajectory_mode,
+            sandbox=SandboxLimits(wall_time_s=t.timeout_s, isolation=t.sandbox),
         )
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ the earlier one is kept and trained too, and ``metadata["restarts"]`` counts the
 AReaL-lite's "individual" mode. It trains the same tokens on the same context as a continuous
 conversation but costs a forward pass over each call's whole prompt.
 
-Sampling is the run's (``rollout.temperature``, ``top_p``, …): the learner rescores every trained
+Sampling is the run's (``sampling.temperature``, ``top_p``, …): the learner rescores every trained
 token at that temperature, so a call that asks for another ``temperature`` or ``top_p``, or for a
 penalty, ``logit_bias`` or ``n`` > 1, is refused with a ``ValueError`` naming the argument instead
 of training on log-probs of a distribution the learner does not compute.
@@ -178,8 +178,8 @@ class AgentChatClient:
             if name in run:
                 raise ValueError(
                     f"chat.completions.create({name}={value!r}): this run samples at "
-                    f"rollout.{name}={run[name]!r} and the learner scores the tokens at it; set "
-                    f"rollout.{name} instead of a per-call {name}"
+                    f"sampling.{name}={run[name]!r} and the learner scores the tokens at it; set "
+                    f"sampling.{name} instead of a per-call {name}"
                 )
             if name in neutral:
                 raise ValueError(

@@ -44,7 +44,7 @@ class RLVRWorkflow:
     def from_config(cls, config: Any, tokenizer: PreTrainedTokenizerBase) -> RLVRWorkflow:
         """Build from a :class:`core.config.Config` (the ``rollout`` and ``data`` sections)."""
         r = config.rollout
-        sampling = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k)
+        sampling = SamplingParams.of(config.sampling)
         prompter = Prompter.from_config(config, tokenizer)
         rm = config.reward_model
         return cls(tokenizer, r.reward_fn, sampling, prompter, scorer_from_config(config),

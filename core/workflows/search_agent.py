@@ -2,7 +2,7 @@
 corpus with ``search`` and ``open`` tools (:mod:`core.workflows.search_env`).
 
 Run it with ``rollout.workflow=core.workflows.openai_agent:OpenAIAgentWorkflow``,
-``rollout.agent=core.workflows.search_agent:search_agent``, ``data.source=search_synthetic`` and
+``agent.function=core.workflows.search_agent:search_agent``, ``data.source=search_synthetic`` and
 ``rollout.reward_fn=core.rewards.short_answer:exact_match`` (see experiments/agent_search.yaml).
 The loop is :func:`core.workflows.tool_loop.tool_loop`: every tool call waits a latency drawn from
 ``episode.tool_latency`` and is cut off at its time limit (:mod:`core.workflows.latency`); the model

@@ -2,7 +2,7 @@
 customer of :mod:`core.workflows.support_env` (a multi-turn dialogue with tools).
 
 Run it with ``rollout.workflow=core.workflows.openai_agent:OpenAIAgentWorkflow``,
-``rollout.agent=core.workflows.support_agent:serve`` and ``data.source=customer_service`` (see
+``agent.function=core.workflows.support_agent:serve`` and ``data.source=customer_service`` (see
 experiments/customer_service.yaml). Each completion either calls tools (run against the
 episode's order desk, with the episode's simulated latency) or speaks to the customer, who
 answers or, satisfied, ends the episode. Per-episode metrics (``metric/...`` in the episode's

@@ -64,17 +64,17 @@ class ToolAgentWorkflow:
 
     @classmethod
     def from_config(cls, config: Any, tokenizer: PreTrainedTokenizerBase) -> ToolAgentWorkflow:
-        r = config.rollout
-        limits = SandboxLimits(wall_time_s=r.tool_timeout_s, isolation=r.sandbox)
-        toolbox = ToolBox(limits, latency_s=r.tool_latency_s)
-        sampling = SamplingParams(r.max_new_tokens, r.temperature, r.top_p, r.top_k)
+        t = config.tools
+        limits = SandboxLimits(wall_time_s=t.timeout_s, isolation=t.sandbox)
+        toolbox = ToolBox(limits, latency_s=t.latency_s)
+        sampling = SamplingParams.of(config.sampling)
         return cls(
             tokenizer,
-            r.reward_fn,
+            config.rollout.reward_fn,
             sampling,
             toolbox=toolbox,
             prompter=Prompter.from_config(config, tokenizer),
-            max_turns=r.max_turns,
+            max_turns=config.agent.max_turns,
             score=scorer_from_config(config),
         )
 

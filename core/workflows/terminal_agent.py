@@ -3,9 +3,9 @@ episode's files, and does chores on them, with one tool, ``bash`` (real bash in 
 :func:`core.sandbox.run_bash`), over the tasks of :mod:`core.workflows.terminal_env`.
 
 Run it with ``rollout.workflow=core.workflows.openai_agent:OpenAIAgentWorkflow``,
-``rollout.agent=core.workflows.terminal_agent:serve`` and ``data.source=terminal`` (see
+``agent.function=core.workflows.terminal_agent:serve`` and ``data.source=terminal`` (see
 experiments/terminal.yaml). The files persist between the episode's calls (a ``mv`` in one is
-seen by the next); each call runs under ``rollout.tool_timeout_s`` and ``rollout.sandbox``.
+seen by the next); each call runs under ``tools.timeout_s`` and ``tools.sandbox``.
 Per-episode metrics (``metric/...``: the training batch's ``agent/...`` and the evaluation's
 metrics): ``used_bash`` (the agent ran a command before answering) and ``nonzero_exit``
 (one of its commands exited non-zero or did not finish; ``grep`` exits 1 when nothing

@@ -2,7 +2,7 @@
 
 ``data.source=textarena`` makes one sample per seeded game of ``data.textarena.env_id`` (a
 single-player game from textarena's registry); the agent :func:`play`
-(``rollout.agent=core.workflows.textarena_game:play`` with the
+(``agent.function=core.workflows.textarena_game:play`` with the
 :class:`~core.workflows.openai_agent.OpenAIAgentWorkflow`) plays it: the game's messages are the
 user's turns, each reply is the player's move, and the game's own reward for the player is the
 episode's reward. The game is textarena's ``-raw`` variant, without its observation wrappers:
@@ -185,7 +185,7 @@ def textarena_games(data: DataSection, seed: int) -> Splits:
 
 # ------------------------------------------------------------------ the agent
 async def play(episode: AgentEpisode) -> float:
-    """Play the sample's game to its end or ``rollout.max_turns`` moves; the game's reward."""
+    """Play the sample's game to its end or ``agent.max_turns`` moves; the game's reward."""
     settings = json.loads(episode.sample["answer"])
     game = Game(settings["env_id"], settings["seed"], settings.get("env_kwargs"))
     messages = list(episode.messages)

@@ -4,7 +4,7 @@
 (``verifiers.load_environment``: an installed environment's module, or any importable module with
 a ``load_environment(**env_args)`` function) and takes its problems: training rows from the
 environment's ``dataset``, held-out rows from its ``eval_dataset`` (or, without one, the last
-``n_test`` rows). The agent :func:`play` (``rollout.agent=core.workflows.verifiers_env:play``
+``n_test`` rows). The agent :func:`play` (``agent.function=core.workflows.verifiers_env:play``
 with the :class:`~core.workflows.openai_agent.OpenAIAgentWorkflow`) runs the environment's own
 ``rollout`` — single- or multi-turn, its parser, its tools — with our OpenAI-shaped client as
 its client, so every call's tokens, log-probs and versions are recorded as for our own agents,

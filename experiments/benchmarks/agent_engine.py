@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.torch_threads)
     scratch = [f"cluster.fileroot={tempfile.mkdtemp(prefix='agent-engine-')}"]  # data, model
-    config = load_config(CONFIG, [*scratch, *args.overrides, "rollout.tool_latency_s=0",
-                                  "rollout.tool_latency_p99_s=0"])  # fmt: skip
+    config = load_config(CONFIG, [*scratch, *args.overrides, "tools.latency_s=0",
+                                  "tools.latency_p99_s=0"])  # fmt: skip
     data = prepare_data(config)
     model_dir = args.model or build_or_load_model(config, data)
     tokenizer = load_tokenizer(model_dir)

@@ -7,9 +7,9 @@
 The task is ``--config``, by default ``experiments/agent_search.yaml``: multi-hop questions over
 a generated encyclopedia, answered with ``search`` and ``open`` tools whose every call waits a
 latency drawn
-from a log-normal (``rollout.tool_latency_s`` its median, ``rollout.tool_latency_p99_s`` its
+from a log-normal (``tools.latency_s`` its median, ``tools.latency_p99_s`` its
 99th percentile). A latency setting ``MEDIAN/P99`` (seconds) sets both and cuts a call off at
-the P99 (``rollout.tool_timeout_s``), so about 1% of calls come back as a timeout error the
+the P99 (``tools.timeout_s``), so about 1% of calls come back as a timeout error the
 agent sees; ``none`` answers at once. Every setting's config is validated before any work. A synchronous loop waits for the slowest episode of every
 batch, tool calls included; an asynchronous one keeps generating and training meanwhile, so its
 advantage should grow with the tail (the AReaL paper's argument for agents).
@@ -33,7 +33,7 @@ AReaL paper's training curves.
 
 The η > 0 runs get :data:`ASYNC_SETTINGS` on top (the settings that made asynchrony pay here;
 they matter only while generation overlaps training), then any ``--async-set KEY=VALUE``
-(repeatable; later wins, e.g. ``--async-set rollout.kv_after_update=recompute``).
+(repeatable; later wins, e.g. ``--async-set inference.kv_after_update=recompute``).
 ``--reuse RESULTS`` (repeatable) takes the runs an earlier invocation's ``results.json`` has for
 this invocation's latencies, settings and seeds instead of running them again (same warm start
 and task overrides; an η > 0 run also the same async settings), so a grid can be extended by
@@ -86,9 +86,9 @@ CONFIG = "experiments/agent_search.yaml"
 # the hold and the row cap, 4.14/4.62 with them (sync: 1.94/2.11).
 ASYNC_SETTINGS = (
     "rollout.max_concurrent=512",
-    "rollout.prefix_cache_tokens=524288",
-    "rollout.kv_after_update=keep",
-    "rollout.max_batch_rows=64",
+    "inference.prefix_cache_tokens=524288",
+    "inference.kv_after_update=keep",
+    "inference.max_batch_rows=64",
 )
 
 
@@ -121,13 +121,13 @@ class Latency:
 
     def overrides(self) -> dict[str, float]:
         """The rollout settings: with a tail a call is cut off at the p99; without one the
-        config's ``rollout.tool_timeout_s`` stays (no call reaches it)."""
+        config's ``tools.timeout_s`` stays (no call reaches it)."""
         settings = {
-            "rollout.tool_latency_s": self.median_s,
-            "rollout.tool_latency_p99_s": self.p99_s,
+            "tools.latency_s": self.median_s,
+            "tools.latency_p99_s": self.p99_s,
         }
         if self.p99_s:
-            settings["rollout.tool_timeout_s"] = self.p99_s
+            settings["tools.timeout_s"] = self.p99_s
         return settings
 
 

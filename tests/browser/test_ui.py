@@ -46,7 +46,7 @@ QUICKSTART = "experiments/quickstart.yaml"
 # The deployments' defaults: a quickstart small enough for a test (~30 s a run on 2 cores).
 SMALL = ["data.n_train=120", "data.n_test=16", "eval.n_problems=16", "eval.max_new_tokens=8",
          "sft.steps=2", "rollout.batch_size=4", "algorithm.group_size=2",
-         "rollout.max_new_tokens=16", "eval.every_n_steps=1", "learner.total_steps=1"]  # fmt: skip
+         "sampling.max_new_tokens=16", "eval.every_n_steps=1", "learner.total_steps=1"]  # fmt: skip
 FINAL_STATES = ("Completed", "Failed", "Crashed", "Cancelled")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def test_shipped_configs_validate() -> None:
     assert quick.algorithm.name == "grpo"
     gpu = load_config(GSM8K)
     assert gpu.model.path == "Qwen/Qwen2-1.5B-Instruct"
-    assert gpu.rollout.engine == "hf"  # our engine on CUDA: the single-node command as written
+    assert gpu.inference.engine == "hf"  # our engine on CUDA: the single-node command as written
     assert gpu.cluster.n_gpus_per_node == 8
     assert gpu.model.dtype == "bfloat16"
     agent = load_config(ROOT / "experiments" / "agent_tools.yaml")
@@ -61,7 +62,7 @@ def test_dotted_overrides_win_over_yaml() -> None:
     assert cfg.cluster.n_nodes == 2
     assert cfg.data.synthetic.max_operand == 20
     # untouched values keep the YAML's
-    assert cfg.rollout.max_new_tokens == 48
+    assert cfg.sampling.max_new_tokens == 48
 
 
 def test_list_override() -> None:
@@ -132,34 +133,34 @@ def test_value_checks_name_the_field() -> None:
         load_config(QUICKSTART, ["rollout.max_staleness=-1"])
     with pytest.raises(ConfigError, match="scheduler.type"):
         load_config(QUICKSTART, ["scheduler.type=kubernetes"])
-    with pytest.raises(ConfigError, match="rollout.engine='vllm' needs running servers"):
-        load_config(QUICKSTART, ["rollout.engine=vllm"])
-    with pytest.raises(ConfigError, match="rollout.n_servers must be > 0"):
-        load_config(QUICKSTART, ["rollout.engine=sglang", "rollout.n_servers=0"])
-    with pytest.raises(ConfigError, match="rollout.server_python='/nope/python'"):
-        load_config(QUICKSTART, ["rollout.engine=sglang", "rollout.server_python=/nope/python"])
-    assert load_config(QUICKSTART, ["rollout.engine=sglang"]).rollout.n_servers == 1
-    with pytest.raises(ConfigError, match="rollout.kv_after_update=keep needs our engine"):
-        load_config(QUICKSTART, ["rollout.kv_after_update=keep", "rollout.engine=sglang",
-                                 "rollout.server_launcher=sglang"])  # fmt: skip
-    with pytest.raises(ConfigError, match="rollout.kv_after_update='reuse' is not one of"):
-        load_config(QUICKSTART, ["rollout.kv_after_update=reuse"])
+    with pytest.raises(ConfigError, match="inference.engine='vllm' needs running servers"):
+        load_config(QUICKSTART, ["inference.engine=vllm"])
+    with pytest.raises(ConfigError, match="inference.n_servers must be > 0"):
+        load_config(QUICKSTART, ["inference.engine=sglang", "inference.n_servers=0"])
+    with pytest.raises(ConfigError, match="inference.server_python='/nope/python'"):
+        load_config(QUICKSTART, ["inference.engine=sglang", "inference.server_python=/nope/python"])
+    assert load_config(QUICKSTART, ["inference.engine=sglang"]).inference.n_servers == 1
+    with pytest.raises(ConfigError, match="inference.kv_after_update=keep needs our engine"):
+        load_config(QUICKSTART, ["inference.kv_after_update=keep", "inference.engine=sglang",
+                                 "inference.server_launcher=sglang"])  # fmt: skip
+    with pytest.raises(ConfigError, match="inference.kv_after_update='reuse' is not one of"):
+        load_config(QUICKSTART, ["inference.kv_after_update=reuse"])
     for engine in ("hf", "sglang"):  # the in-process engine, or our launched servers
-        keep = ["rollout.kv_after_update=keep", f"rollout.engine={engine}"]
-        assert load_config(QUICKSTART, keep).rollout.kv_after_update == "keep"
-    sglang = ["rollout.engine=sglang", "rollout.server_addresses=[10.0.0.5:30000]"]
-    assert load_config(GSM8K, sglang).rollout.server_addresses == ["10.0.0.5:30000"]
+        keep = ["inference.kv_after_update=keep", f"inference.engine={engine}"]
+        assert load_config(QUICKSTART, keep).inference.kv_after_update == "keep"
+    sglang = ["inference.engine=sglang", "inference.server_addresses=[10.0.0.5:30000]"]
+    assert load_config(GSM8K, sglang).inference.server_addresses == ["10.0.0.5:30000"]
     for engine in ("hf", "sglang"):  # the in-process engine, or servers the run launches
-        rows = ["rollout.max_batch_rows=8", f"rollout.engine={engine}"]
-        assert load_config(QUICKSTART, rows).rollout.max_batch_rows == 8
-    running = "rollout.max_batch_rows needs an engine the run starts"
+        rows = ["inference.max_batch_rows=8", f"inference.engine={engine}"]
+        assert load_config(QUICKSTART, rows).inference.max_batch_rows == 8
+    running = "inference.max_batch_rows needs an engine the run starts"
     with pytest.raises(ConfigError, match=f"{running}.*'sglang' with server_addresses"):
-        load_config(QUICKSTART, ["rollout.max_batch_rows=8", *sglang])
+        load_config(QUICKSTART, ["inference.max_batch_rows=8", *sglang])
     with pytest.raises(ConfigError, match=f"{running}.*'vllm'"):
-        load_config(GSM8K, ["rollout.max_batch_rows=8", "rollout.engine=vllm",
-                            "rollout.server_addresses=[10.0.0.5:8000]"])  # fmt: skip
-    with pytest.raises(ConfigError, match="rollout.max_batch_rows must be >= 0"):
-        load_config(QUICKSTART, ["rollout.max_batch_rows=-1"])
+        load_config(GSM8K, ["inference.max_batch_rows=8", "inference.engine=vllm",
+                            "inference.server_addresses=[10.0.0.5:8000]"])  # fmt: skip
+    with pytest.raises(ConfigError, match="inference.max_batch_rows must be >= 0"):
+        load_config(QUICKSTART, ["inference.max_batch_rows=-1"])
 
 
 def test_overlong_buffer_must_fit_the_generation_budget() -> None:
@@ -201,6 +202,12 @@ def test_the_run_hash_ignores_fields_that_do_not_change_the_run() -> None:
     changed = load_config(QUICKSTART, ["algorithm.lr=3e-4", "checkpoint.recover=auto"])
     assert config_changes(run_params(cfg), changed) == [
         f"algorithm.lr: {cfg.algorithm.lr!r} -> 0.0003"
+    ]
+    # a checkpoint saved before the rollout split lists its sampling keys under rollout.*
+    saved = {k.replace("sampling.", "rollout.", 1): v for k, v in run_params(cfg).items()}
+    assert "rollout.temperature" in saved
+    assert config_changes(saved, load_config(QUICKSTART, ["sampling.temperature=0.5"])) == [
+        f"sampling.temperature: {cfg.sampling.temperature!r} -> 0.5"
     ]
 
 
@@ -247,14 +254,56 @@ def test_run_dir_layout() -> None:
     assert cfg.run_dir == "s3://bucket/runs/quickstart/t1"
 
 
-def test_renamed_keys_name_the_new_key(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="'actor' .* is now 'learner'"):
-        load_config(write(tmp_path, "actor:\n  total_steps: 3\n"))
-    with pytest.raises(ConfigError, match="'actor' \\(in command line\\) is now 'learner'"):
-        load_config(QUICKSTART, ["actor.total_steps=3"])
-    with pytest.raises(ConfigError, match="'eval.batch_size' .* is now 'eval.max_concurrent'"):
-        load_config(QUICKSTART, ["eval.batch_size=8"])
-    assert load_config(QUICKSTART, ["learner.total_steps=3"]).learner.total_steps == 3
+def test_renamed_keys_are_read_as_the_new_ones_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="core.config.loading"):
+        assert load_config(write(tmp_path, "actor:\n  total_steps: 3\n")).learner.total_steps == 3
+        assert load_config(QUICKSTART, ["eval.batch_size=8"]).eval.max_concurrent == 8
+    assert "config key 'actor' (in " in caplog.text and "is now 'learner'" in caplog.text
+    assert "'eval.batch_size' (in command line) is now 'eval.max_concurrent'" in caplog.text
+    with pytest.raises(
+        ConfigError, match="'actor' \\(in command line\\) is now 'learner'; give only"
+    ):
+        load_config(QUICKSTART, ["actor.total_steps=3", "learner.total_steps=4"])
+
+
+def test_a_config_written_before_the_rollout_split_loads_unchanged(tmp_path: Path) -> None:
+    """rollout's engine, sampling, agent and tool keys moved to sections of their own: a file,
+    an override or a variant naming the old keys means the same run as one naming the new."""
+    old = write(
+        tmp_path,
+        "rollout:\n  batch_size: 4\n  max_new_tokens: 12\n  temperature: 0.5\n"
+        "  kv_after_update: keep\n  agent: core.workflows.examples:calculator_agent\n"
+        "  max_turns: 3\n  tool_latency_s: 0.5\n  tool_latency_p99_s: 2.0\n  sandbox: best_effort\n"
+        "  workflow: core.workflows.openai_agent:OpenAIAgentWorkflow\n",
+    )
+    source = parse_config(old, ["rollout.top_k=5"])
+    cfg = source.resolve({"rollout.tool_timeout_s": 7.0, "rollout.engine": "hf"})
+    assert cfg.rollout.batch_size == 4
+    assert (cfg.sampling.max_new_tokens, cfg.sampling.temperature, cfg.sampling.top_k) == (
+        12,
+        0.5,
+        5,
+    )
+    assert cfg.inference.kv_after_update == "keep" and cfg.inference.engine == "hf"
+    assert cfg.agent.function == "core.workflows.examples:calculator_agent"
+    assert cfg.agent.max_turns == 3
+    assert (cfg.tools.latency_s, cfg.tools.latency_p99_s, cfg.tools.timeout_s) == (0.5, 2.0, 7.0)
+    assert cfg.tools.sandbox == "best_effort"
+    new = load_config(
+        None,
+        ["rollout.batch_size=4", "sampling.max_new_tokens=12", "sampling.temperature=0.5",
+         "sampling.top_k=5", "inference.kv_after_update=keep", "agent.max_turns=3",
+         "agent.function=core.workflows.examples:calculator_agent", "tools.latency_s=0.5",
+         "tools.latency_p99_s=2.0", "tools.sandbox=best_effort", "tools.timeout_s=7.0",
+         "rollout.workflow=core.workflows.openai_agent:OpenAIAgentWorkflow"],
+    )  # fmt: skip
+    for section in ("rollout", "sampling", "inference", "agent", "tools"):
+        assert getattr(cfg, section) == getattr(new, section), section
+    # renamed once when read: the source holds the new keys, so each variant resolves them as is
+    assert "max_new_tokens" not in source.layers[0][1]["rollout"]
+    assert source.layers[0][1]["sampling"]["max_new_tokens"] == 12
 
 
 def test_a_source_resolves_variants_without_reparsing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -310,11 +359,11 @@ def test_every_config_dataclass_uses_the_one_help_idiom() -> None:
     ("override", "message"),
     [
         ("algorithm.lr=nan", "algorithm.lr=nan must be a finite number"),
-        ("rollout.temperature=nan", "rollout.temperature=nan must be a finite number"),
+        ("sampling.temperature=nan", "sampling.temperature=nan must be a finite number"),
         ("algorithm.eps_clip=inf", "algorithm.eps_clip=inf must be a finite number"),
         ("sft.lr=-1", "sft.lr must be > 0"),
         ("rollout.max_failure_rate=-1", r"rollout.max_failure_rate must be in \[0, 1\]"),
-        ("rollout.tool_timeout_s=-1", "rollout.tool_timeout_s must be > 0"),
+        ("tools.timeout_s=-1", "tools.timeout_s must be > 0"),
         ("scheduler.torch_threads=0", "scheduler.torch_threads must be > 0"),
         ("rollout.reward_fn=core.rewards.gsm8k:gsm8k_rewrd", "rollout.reward_fn: .*no attribute"),
         ("rollout.reward_fn=no_such_module:f", "rollout.reward_fn: .*cannot import module"),

@@ -15,7 +15,7 @@ SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"  # AWS's documented example:
     ("key", "secret"),
     [("aws_secret_access_key", True), ("api_key", True), ("HF_TOKEN", True), ("dbPassword", True),
      ("credentials", True), ("apiKey", True), ("ssh_key", True), ("X-Amz-Signature", True),
-     ("rollout.max_new_tokens", False), ("model.tokenizer_path", False),
+     ("sampling.max_new_tokens", False), ("model.tokenizer_path", False),
      ("checkpoint.keep_last", False), ("monkey", False), ("data.prompt_key", False)],
 )  # fmt: skip
 def test_is_secret_key(key: str, secret: bool) -> None:
@@ -46,7 +46,7 @@ def test_is_secret_key(key: str, secret: bool) -> None:
         ("--max-new-tokens 8 --model-path /m", "--max-new-tokens 8 --model-path /m"),
         ("s3://bucket/path:with/colon@x", "s3://bucket/path:with/colon@x"),
         ("plain text, http://host:80/path", "plain text, http://host:80/path"),
-        ("rollout.max_new_tokens=64", "rollout.max_new_tokens=64"),
+        ("sampling.max_new_tokens=64", "sampling.max_new_tokens=64"),
         ("data.prompt_key=question", "data.prompt_key=question"),
     ],
 )  # fmt: skip

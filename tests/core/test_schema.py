@@ -55,7 +55,10 @@ def test_descriptions() -> None:
         ("rollout.max_staleness=-1", "rollout.max_staleness must be >= 0, got -1"),
         ("rollout.batch_size=0", "rollout.batch_size must be > 0, got 0"),
         ("learner.mismatch_warn_frac=2", r"learner.mismatch_warn_frac must be in \[0, 1\]"),
-        ("rollout.engine=tgi", r"rollout.engine='tgi' is not one of \['hf', 'sglang', 'vllm'\]"),
+        (
+            "inference.engine=tgi",
+            r"inference.engine='tgi' is not one of \['hf', 'sglang', 'vllm'\]",
+        ),
         ("data.prompt_format=xml", r"data.prompt_format='xml' is not one of \['template'"),
     ],
 )

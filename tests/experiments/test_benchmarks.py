@@ -238,8 +238,8 @@ def test_agent_engine_smoke(tmp_path: Path) -> None:
     from experiments.benchmarks import agent_engine
 
     agent_engine.main(["--episodes", "6", "--out", str(tmp_path), "data.n_train=8",
-                       "data.search_synthetic.corpus_size=40", "rollout.max_turns=3",
-                       "rollout.max_new_tokens=12"])  # fmt: skip
+                       "data.search_synthetic.corpus_size=40", "agent.max_turns=3",
+                       "sampling.max_new_tokens=12"])  # fmt: skip
     rows = {
         r["mode"]: r for r in json.loads((tmp_path / "agent_engine.json").read_text())["results"]
     }
@@ -301,13 +301,13 @@ def _agent_row(latency: str, eta: int, threads: int, seed: int, samples: float) 
 def test_agent_latency_settings_and_seed_statistics(capsys, tmp_path: Path) -> None:
     slow = agl.Latency.parse("2/20")
     assert slow.label == "2/20" and slow.overrides() == {
-        "rollout.tool_latency_s": 2.0,
-        "rollout.tool_latency_p99_s": 20.0,
-        "rollout.tool_timeout_s": 20.0,  # cut off at the p99
+        "tools.latency_s": 2.0,
+        "tools.latency_p99_s": 20.0,
+        "tools.timeout_s": 20.0,  # cut off at the p99
     }
-    assert "rollout.tool_timeout_s" not in agl.Latency.parse("none").overrides()
-    with pytest.raises(ConfigError, match="rollout.tool_timeout_s must be > 0"):
-        agl.main(["--latencies", "2/20,none", "--out", str(tmp_path), "rollout.tool_timeout_s=0"])
+    assert "tools.timeout_s" not in agl.Latency.parse("none").overrides()
+    with pytest.raises(ConfigError, match="tools.timeout_s must be > 0"):
+        agl.main(["--latencies", "2/20,none", "--out", str(tmp_path), "tools.timeout_s=0"])
     assert not list(tmp_path.iterdir())  # the bad setting was found before any work
     assert agl.Latency.parse("0.5").label == "0.5"
     with pytest.raises(SystemExit):
@@ -325,7 +325,7 @@ def test_agent_latency_settings_and_seed_statistics(capsys, tmp_path: Path) -> N
     runs = [
         {**sync, "latency": "2/20", "seed": 1},
         {**fast, "latency": "2/20", "seed": 1, "async_set": mine[::-1]},  # the same settings
-        {**fast, "latency": "2/20", "seed": 2, "async_set": [*mine, "rollout.max_batch_rows=1"]},
+        {**fast, "latency": "2/20", "seed": 2, "async_set": [*mine, "inference.max_batch_rows=1"]},
         {**fast, "latency": "none", "seed": 1, "async_set": mine},  # a latency not asked for
         {**sync, "latency": "2/20", "seed": 1, "threads": 1, "setting": "eta0-t1"},
     ]
@@ -415,8 +415,8 @@ def test_agent_latency_runs_end_to_end(tmp_path: Path) -> None:
     overrides = [
         "data.n_train=16", "data.n_test=4", "eval.n_problems=4", "eval.max_new_tokens=8",
         "data.search_synthetic.corpus_size=40", "learner.total_steps=1", "eval.every_n_steps=0",
-        "rollout.batch_size=2", "algorithm.group_size=2", "rollout.max_new_tokens=8",
-        "rollout.max_turns=2",
+        "rollout.batch_size=2", "algorithm.group_size=2", "sampling.max_new_tokens=8",
+        "agent.max_turns=2",
     ]  # fmt: skip
     agl.main(
         [
@@ -449,14 +449,14 @@ def test_agent_latency_runs_end_to_end(tmp_path: Path) -> None:
     agl.main(
         [
             "--etas", "1", "--seeds", "2", "--latencies", "0.05/0.2",
-            "--reuse", str(out / "results.json"), "--async-set", "rollout.max_batch_rows=1",
+            "--reuse", str(out / "results.json"), "--async-set", "inference.max_batch_rows=1",
             "--fileroot", str(tmp_path / "runs2"), "--out", str(again), *overrides,
         ]
     )  # fmt: skip
     second = json.loads((again / "results.json").read_text())
     assert results["async_set"] == list(agl.ASYNC_SETTINGS)
     assert second["model"] == str(model) and second["reused"] == [str(out / "results.json")]
-    assert second["async_set"] == [*agl.ASYNC_SETTINGS, "rollout.max_batch_rows=1"]
+    assert second["async_set"] == [*agl.ASYNC_SETTINGS, "inference.max_batch_rows=1"]
     reused, rerun = second["runs"]
     assert reused == results["runs"][0]  # the sync run, not run again
     assert rerun["trial"] == "eta1-t1-lat0.05-0.2-seed2" and rerun["steps"] == 1
@@ -598,7 +598,7 @@ def test_vs_trl_runs_trl_and_asyncrl_on_the_same_work(tmp_path: Path) -> None:
             "--fileroot", str(tmp_path / "runs"),
             "--out", str(out), "data.n_train=128", "data.n_test=16", "eval.n_problems=16",
             "sft.steps=4", "rollout.batch_size=2", "algorithm.group_size=4",
-            "rollout.max_new_tokens=8", "eval.max_new_tokens=8",
+            "sampling.max_new_tokens=8", "eval.max_new_tokens=8",
         ]
     )  # fmt: skip
     results = json.loads((out / "results.json").read_text())

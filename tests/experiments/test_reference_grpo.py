@@ -42,7 +42,7 @@ def test_reference_loop_matches_the_trainer_at_eta_0(tmp_path: Path) -> None:
             "rollout.max_staleness=0",
             "rollout.batch_size=4",
             "algorithm.group_size=4",
-            "rollout.max_new_tokens=12",
+            "sampling.max_new_tokens=12",
             "rollout.reward_fn=tests.experiments.rewards:digit_share",
         ],
     )
@@ -80,7 +80,7 @@ def test_the_reference_starts_from_nothing(tmp_path: Path) -> None:
 
     overrides = [f"cluster.fileroot={tmp_path}", "experiment.trial=scratch", "data.n_train=32",
                  "data.n_test=8", "sft.steps=4", "sft.batch_size=8", "rollout.batch_size=2",
-                 "algorithm.group_size=2", "rollout.max_new_tokens=6"]  # fmt: skip
+                 "algorithm.group_size=2", "sampling.max_new_tokens=6"]  # fmt: skip
     done = subprocess.run(
         [sys.executable, "experiments/reference_grpo.py", "--steps", "2", *overrides],
         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,

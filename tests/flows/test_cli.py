@@ -37,7 +37,7 @@ SMALL = [
     "learner.total_steps=2",
     "rollout.batch_size=4",
     "algorithm.group_size=2",
-    "rollout.max_new_tokens=8",
+    "sampling.max_new_tokens=8",
     "eval.every_n_steps=0",
     "checkpoint.every_n_steps=0",
 ]
@@ -97,20 +97,33 @@ def test_config_docs_lists_every_field() -> None:
 def test_run_main_job_writes_summary(tmp_path: Path) -> None:
     """The real console script in a subprocess, as a user runs it — with secrets in a config
     value and in the environment that must reach no file it writes (run folder, MLflow's store
-    and artifacts, Prefect's database)."""
+    and artifacts, Prefect's database). With stderr piped (a log file, CI) it draws no live
+    bars but a progress line per running stage every ASYNCRL_PROGRESS_INTERVAL_S and at its
+    end; it takes its fileroot from ASYNCRL_FILEROOT, as the config leaves it at its default,
+    and says so."""
     exe = Path(sys.executable).parent / "asyncrl"
     secrets = ["Sentinel1pw/with/slashes", "Sentinel2tok", "Sentinel3env"]
     description = f"mirror s3://ak:{secrets[0]}@minio:9000/b?x-amz-security-token={secrets[1]}"
     proc = subprocess.run(
-        [str(exe), "run", QUICKSTART, f"cluster.fileroot={tmp_path}", "experiment.trial=t",
-         f"experiment.description={description}", *SMALL],
+        [str(exe), "run", QUICKSTART, "experiment.trial=t", f"experiment.description={description}",
+         *SMALL, "sft.steps=12"],
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=tmp_path,
         env=_env(PREFECT_HOME=str(tmp_path / "prefect"), AWS_SECRET_ACCESS_KEY=secrets[2],
-                 HF_TOKEN=secrets[2]),
+                 HF_TOKEN=secrets[2], ASYNCRL_FILEROOT=str(tmp_path),
+                 ASYNCRL_PROGRESS_INTERVAL_S="0.5"),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    running = [x for x in lines if re.fullmatch(r"sft_warm_start \d+/12 \([\d.]+/s, ETA .+\)", x)]
+    assert len(running) >= 2, proc.stderr[-3000:]
+    assert any(re.fullmatch(r"sft_warm_start 12/12 \([\d.]+/s, done in .+ s\)", x) for x in lines)
+    assert any(re.fullmatch(r"rl_train 2/2 \([\d.]+/s, done in .+ s\)", x) for x in lines)
+    assert "━" not in proc.stderr  # no bar drawn into a file
+    assert not (tmp_path / "runs").exists()
+    assert "from ASYNCRL_FILEROOT" in " ".join(proc.stderr.split())
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.name == "prefect.db" for p in written) and (tmp_path / "mlflow.db").exists()
     leaks = [(p, s) for p in written for s in secrets if s.encode() in p.read_bytes()]
@@ -159,35 +172,6 @@ def test_line_progress_reports_every_interval_and_at_each_stage_end() -> None:
     assert all(re.fullmatch(r"sft_warm_start \d+/10 \(\d+\.\d/s, ETA .+ s\)", x) for x in running)
     assert re.fullmatch(r"sft_warm_start 10/10 \(\d+\.\d/s, done in [\d.]+ s\)", lines[-2])
     assert re.fullmatch(r"rl_train 1/4 \(\d+\.\d/s, stopped after [\d.]+ s\)", lines[-1])
-
-
-@pytest.mark.e2e
-def test_progress_lines_when_stderr_is_not_a_terminal(tmp_path: Path, harness: str) -> None:
-    """`asyncrl run` with stderr piped (a log file, CI): no live bars, but a progress line per
-    running stage every ASYNCRL_PROGRESS_INTERVAL_S and at its end. The run also takes its
-    fileroot from ASYNCRL_FILEROOT, since the config leaves it at its default, and says so."""
-    exe = Path(sys.executable).parent / "asyncrl"
-    root = tmp_path / "from-env"
-    proc = subprocess.run(
-        [str(exe), "run", "--plain", QUICKSTART, "experiment.trial=p", *SMALL, "sft.steps=12"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env=_env(
-            ASYNCRL_FILEROOT=str(root), ASYNCRL_PROGRESS_INTERVAL_S="0.5", PREFECT_API_URL=harness
-        ),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stderr.splitlines()
-    running = [x for x in lines if re.fullmatch(r"sft_warm_start \d+/12 \([\d.]+/s, ETA .+\)", x)]
-    assert len(running) >= 2, proc.stderr[-3000:]
-    assert any(re.fullmatch(r"sft_warm_start 12/12 \([\d.]+/s, done in .+ s\)", x) for x in lines)
-    assert any(re.fullmatch(r"rl_train 2/2 \([\d.]+/s, done in .+ s\)", x) for x in lines)
-    assert "━" not in proc.stderr  # no bar drawn into a file
-    assert (root / "quickstart" / "p" / "summary.json").is_file()
-    assert not (tmp_path / "runs").exists()
-    assert "from ASYNCRL_FILEROOT" in " ".join(proc.stderr.split())
 
 
 @pytest.mark.integration

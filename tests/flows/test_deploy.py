@@ -41,7 +41,7 @@ TINY = [
     "sft.steps=2",
     "rollout.batch_size=4",
     "algorithm.group_size=2",
-    "rollout.max_new_tokens=8",
+    "sampling.max_new_tokens=8",
     "eval.every_n_steps=0",
     "experiment.trial=from-ui",
 ]

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
 TINY = ["data.n_train=60", "data.n_test=8", "eval.n_problems=8", "eval.max_new_tokens=8",
         "sft.enabled=false", "rollout.batch_size=2", "algorithm.group_size=2",
-        "rollout.max_new_tokens=8", "eval.every_n_steps=0", "checkpoint.every_n_steps=0"]  # fmt: skip
+        "sampling.max_new_tokens=8", "eval.every_n_steps=0", "checkpoint.every_n_steps=0"]  # fmt: skip
 
 
 @pytest.mark.e2e

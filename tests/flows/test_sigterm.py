@@ -36,7 +36,7 @@ SMALL = [
     "eval.max_new_tokens=8",
     "rollout.batch_size=4",
     "algorithm.group_size=2",
-    "rollout.max_new_tokens=8",
+    "sampling.max_new_tokens=8",
     "eval.every_n_steps=0",
     "checkpoint.every_n_steps=0",
 ]

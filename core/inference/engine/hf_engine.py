@@ -153,7 +153,7 @@ class HFEngine:
         )  # fmt: skip
         self.max_batch_size = max_batch_size
         self.chunk_tokens = chunk_tokens
-        self.keep_kv_on_update = keep_kv_on_update  # see rollout.kv_after_update
+        self.keep_kv_on_update = keep_kv_on_update  # see inference.kv_after_update
         self.stats = EngineStats()
         self._version = version
         self._cond = threading.Condition()

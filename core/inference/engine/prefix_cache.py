@@ -13,7 +13,7 @@ A hit takes the entry out (a conversation moves on, and its next reply leaves a 
 the least recently stored entries go first when the token budget is full. The engine clears
 the cache when it loads new weights: a cached key computed with old weights would make the
 "behaviour policy" of the next tokens a mix of two versions. Unless told to keep it
-(``rollout.kv_after_update=keep``, PipelineRL's in-flight weight update): then that mix is the
+(``inference.kv_after_update=keep``, PipelineRL's in-flight weight update): then that mix is the
 behaviour policy, and the log-probs the engine records are still exactly the ones it sampled with.
 """
 

@@ -218,15 +218,15 @@ def test_a_continuation_and_a_new_request_join_a_running_batch_together(
 
 
 def test_servers_the_run_launches_get_its_cache_size(model_dir, tmp_path) -> None:
-    """``rollout.prefix_cache_tokens`` and ``kv_after_update`` reach our server's command line,
+    """``inference.prefix_cache_tokens`` and ``kv_after_update`` reach our server's command line,
     which accepts them."""
     from core.config import load_config
     from core.inference.server.app import parse_args
     from core.runtime.fleet import server_spec
 
     config = load_config(
-        None, ["rollout.prefix_cache_tokens=777", "rollout.server_launcher=asyncrl",
-               "rollout.kv_after_update=keep"]
+        None, ["inference.prefix_cache_tokens=777", "inference.server_launcher=asyncrl",
+               "inference.kv_after_update=keep"]
     )  # fmt: skip
     extra = server_spec(config, str(model_dir), 0, [str(tmp_path)], port=1234).extra_args
     assert extra[extra.index("--prefix-cache-tokens") + 1] == "777"
@@ -240,13 +240,15 @@ def test_the_in_process_engine_gets_the_cache_and_batch_settings(model_dir) -> N
 
     for policy, keep in (("recompute", False), ("keep", True)):
         config = load_config(
-            None, [f"rollout.kv_after_update={policy}", "rollout.prefix_cache_tokens=999"]
+            None, [f"inference.kv_after_update={policy}", "inference.prefix_cache_tokens=999"]
         )
         with build_engine(config, str(model_dir)) as engine:
             assert engine.keep_kv_on_update is keep
             assert engine._decoder.prefixes.max_tokens == 999
-    # the batch: rollout.max_batch_rows rows, or as many as episodes in flight (0)
+    # the batch: inference.max_batch_rows rows, or as many as episodes in flight (0)
     for rows, expected in ((0, 64), (16, 16)):
-        config = load_config(None, [f"rollout.max_batch_rows={rows}", "rollout.max_concurrent=64"])
+        config = load_config(
+            None, [f"inference.max_batch_rows={rows}", "rollout.max_concurrent=64"]
+        )
         with build_engine(config, str(model_dir)) as engine:
             assert engine.max_batch_size == expected

@@ -125,7 +125,7 @@ def test_our_server_orders_waiting_requests_as_sglang_does(
 def test_launched_servers_get_the_batch_cap_and_lowest_first_scheduling(
     model_dir: Path, tmp_path: Path
 ) -> None:
-    """``rollout.max_batch_rows`` with servers the run launches: each server decodes that many
+    """``inference.max_batch_rows`` with servers the run launches: each server decodes that many
     rows, serving the lowest priority first (SGLang's flags, which our server takes too), and
     the rollout's client sends every request's priority."""
     from core.config import load_config
@@ -135,8 +135,8 @@ def test_launched_servers_get_the_batch_cap_and_lowest_first_scheduling(
 
     for launcher in ("asyncrl", "sglang"):
         config = load_config(
-            None, ["rollout.engine=sglang", f"rollout.server_launcher={launcher}",
-                   "rollout.max_batch_rows=8", "rollout.max_concurrent=64"]
+            None, ["inference.engine=sglang", f"inference.server_launcher={launcher}",
+                   "inference.max_batch_rows=8", "rollout.max_concurrent=64"]
         )  # fmt: skip
         extra = server_spec(config, str(model_dir), 0, [str(tmp_path)], port=1234).extra_args
         assert extra[extra.index("--max-running-requests") + 1] == "8"
@@ -146,7 +146,7 @@ def test_launched_servers_get_the_batch_cap_and_lowest_first_scheduling(
     assert args.max_batch_size == 8 and priority_mode(args) == "low-first"
     assert priority_mode(parse_args(["--model", str(model_dir)])) == "off"
     assert build_engine(with_servers(config, ["127.0.0.1:1"]), str(model_dir)).send_priority
-    plain = load_config(None, ["rollout.engine=sglang", "rollout.max_concurrent=64"])
+    plain = load_config(None, ["inference.engine=sglang", "rollout.max_concurrent=64"])
     extra = server_spec(plain, str(model_dir), 0, [str(tmp_path)], port=1234).extra_args
     assert extra[extra.index("--max-running-requests") + 1] == "64"
     assert "--enable-priority-scheduling" not in extra

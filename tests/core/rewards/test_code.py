@@ -127,7 +127,7 @@ def test_strict_sandbox_refusal_is_a_counted_reward_failure(
 def test_the_config_reaches_the_reward_and_it_runs_off_the_event_loop() -> None:
     config = Config()
     config.rollout.reward_fn = "core.rewards.code:tests_passed_fraction"
-    config.rollout.sandbox, config.rollout.tool_timeout_s = "best_effort", 0.5
+    config.tools.sandbox, config.tools.timeout_s = "best_effort", 0.5
     scorer = scorer_from_config(config)
     assert isinstance(scorer, InlineScorer) and scorer.in_thread
     assert scorer.reward.fn.keywords == {"sandbox": "best_effort", "sandbox_timeout_s": 0.5}

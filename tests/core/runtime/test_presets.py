@@ -27,7 +27,7 @@ BASE = [
     "eval.every_n_steps=0",
     "checkpoint.every_n_steps=0",
     "sft.enabled=false",
-    "rollout.max_new_tokens=12",
+    "sampling.max_new_tokens=12",
     "algorithm.overlong_buffer_len=4",
     "rollout.reward_fn=tests.experiments.rewards:digit_share",
 ]

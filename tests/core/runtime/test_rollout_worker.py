@@ -52,7 +52,7 @@ def config(eta: int, *overrides: str):
             f"rollout.max_staleness={eta}",
             "rollout.batch_size=4",
             "algorithm.group_size=2",
-            "rollout.max_new_tokens=12",
+            "sampling.max_new_tokens=12",
             "rollout.max_concurrent=16",
             "scheduler.torch_threads=1",
         ],
@@ -163,7 +163,7 @@ def test_running_server_gets_the_runs_starting_weights(setup, tmp_path: Path) ->
         python_executable=sys.executable, extra_args=["--torch-threads", "1"],
     )  # fmt: skip
     server = launch(spec, tmp_path / "server.log", health_timeout_s=120)
-    overrides = ["rollout.engine=sglang", f"rollout.server_addresses=[{server.address}]"]
+    overrides = ["inference.engine=sglang", f"inference.server_addresses=[{server.address}]"]
     cfg = config(0, *overrides)
     try:
         worker = typed(InProcessActor(RolloutWorker, cfg, str(root / "v1"), train), RolloutHandle)

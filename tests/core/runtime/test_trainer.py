@@ -36,7 +36,7 @@ TINY = [
     "sft.enabled=false",
     "rollout.batch_size=4",
     "algorithm.group_size=2",
-    "rollout.max_new_tokens=8",
+    "sampling.max_new_tokens=8",
     "rollout.max_concurrent=16",
     "algorithm.overlong_buffer_len=4",
     "eval.every_n_steps=0",
@@ -51,7 +51,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 # η=0 on our engine in the rollout worker. η=2 on two servers the run launches (SGLang's HTTP
 # protocol, our server); one of them is killed with kill -9 after the first step: the run
 # restarts it, its requests finish on the other, and no sample is lost or counted twice.
-ENGINES = {0: [], 2: ["rollout.engine=sglang", "rollout.n_servers=2"]}
+ENGINES = {0: [], 2: ["inference.engine=sglang", "inference.n_servers=2"]}
 
 
 @pytest.mark.e2e
@@ -370,7 +370,7 @@ def test_kill_and_resume_on_s3(
 
     # On servers the run launches, which get every version through S3 (no shared folder).
     fileroot = f"s3://{s3_bucket}/runs"
-    log = _resume_case(fileroot, committed, env, "s3run", ("rollout.engine=sglang",))
+    log = _resume_case(fileroot, committed, env, "s3run", ("inference.engine=sglang",))
     summary = json.loads(fs.cat(f"{s3_bucket}/runs/quickstart/s3run/summary.json"))
     assert summary["version"] == 4 and summary["steps"] == 4 - _resumed_step(log)
     _wait_closed(_server_ports(fileroot, "s3run"))
@@ -430,9 +430,9 @@ def test_two_node_ray_cluster_places_servers_and_learners_apart(
             "learner.n_ranks=2",
             "scheduler.learner_cpus=2",
             "scheduler.learner_resource=training",
-            "rollout.engine=sglang",
-            "rollout.n_servers=2",
-            "rollout.weight_sync=distributed",
+            "inference.engine=sglang",
+            "inference.n_servers=2",
+            "inference.weight_sync=distributed",
             "scheduler.server_resource=inference",
             "rollout.max_staleness=1",
             "learner.total_steps=3",
@@ -520,7 +520,7 @@ def test_resume_skips_a_corrupt_latest_checkpoint(
     # resumed on a server the run launches: from the checkpoint's weights, at its version
     resumed = load_config(
         QUICKSTART,
-        [*common, "learner.total_steps=3", "checkpoint.recover=auto", "rollout.engine=sglang"],
+        [*common, "learner.total_steps=3", "checkpoint.recover=auto", "inference.engine=sglang"],
     )
     with caplog.at_level("INFO", logger="core.runtime.trainer"):
         summary = run_experiment(resumed)

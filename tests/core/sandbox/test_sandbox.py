@@ -261,7 +261,7 @@ def test_strict_mode_refuses_and_names_what_is_missing(
     assert not result.ok and not marker.exists() and result.output == ""
     assert result.error == (
         "sandbox refused to run tool code: this machine lacks seccomp (no seccomp here (test)); "
-        "set rollout.sandbox=best_effort to run it with less isolation"
+        "set tools.sandbox=best_effort to run it with less isolation"
     )
     assert "refusing to run tool code" in caplog.text
 

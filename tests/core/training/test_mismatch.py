@@ -102,11 +102,11 @@ def tool_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 WORKFLOWS = {
     "rlvr": ("quickstart.yaml", []),
-    "tagged-tools": ("agent_tools.yaml", ["rollout.tool_latency_s=0"]),
-    "openai-agent": ("agent_openai.yaml", ["rollout.tool_latency_s=0"]),
+    "tagged-tools": ("agent_tools.yaml", ["tools.latency_s=0"]),
+    "openai-agent": ("agent_openai.yaml", ["tools.latency_s=0"]),
     "openai-agent-per-turn": (
         "agent_openai.yaml",
-        ["rollout.tool_latency_s=0", "rollout.trajectory_mode=per_turn"],
+        ["tools.latency_s=0", "agent.trajectory_mode=per_turn"],
     ),
 }
 
@@ -118,7 +118,7 @@ def test_engine_and_learner_agree_on_every_trained_token(tool_model: Path, name:
     generated token's engine log-prob equals the learner's to ~1e-6 (fp32, CPU)."""
     recipe, overrides = WORKFLOWS[name]
     cfg = load_config(ROOT / "experiments" / recipe, [*overrides, f"algorithm.group_size={G}",
-                                                      "rollout.max_new_tokens=24"])  # fmt: skip
+                                                      "sampling.max_new_tokens=24"])  # fmt: skip
     tokenizer = load_tokenizer(tool_model)
     workflow = workflow_class(cfg.rollout.workflow).from_config(cfg, tokenizer)
     problems = generate_problems(2, cfg.data.synthetic, seed=1)
@@ -140,7 +140,7 @@ def test_engine_and_learner_agree_on_every_trained_token(tool_model: Path, name:
     if name.startswith("openai"):
         assert all(t.call_lengths for t in rows)
     batch = to_batch(batch_groups, tokenizer.pad_token_id)
-    batch = with_advantages(batch, cfg.algorithm, max_new_tokens=cfg.rollout.max_new_tokens)
+    batch = with_advantages(batch, cfg.algorithm, max_new_tokens=cfg.sampling.max_new_tokens)
     stats = LearnerWorker(cfg, str(tool_model)).rl_update(batch)
     assert stats["mismatch/tokens"] == batch.n_loss_tokens > 0
     assert stats["mismatch/abs_max"] < TOLERANCE, stats
@@ -218,7 +218,7 @@ def test_a_mismatched_step_warns_with_the_worst_sample(caplog) -> None:
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         mismatch_metrics(stats, groups, 7, tolerance=1e-3, warn_frac=0.1, kept_kv=True)
-    assert "expected with rollout.kv_after_update=keep" in caplog.records[0].message
+    assert "expected with inference.kv_after_update=keep" in caplog.records[0].message
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         mismatch_metrics(stats, groups, 7, tolerance=1e-3, warn_frac=0.2)  # 1 of 8 = 0.125

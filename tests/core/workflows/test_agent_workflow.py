@@ -47,7 +47,7 @@ def test_an_episode_is_scored_and_masked(tool_chat_model, tool_chat_tokenizer) -
         sample = {"question": "What is 3+4?", "answer": "#### 7", "seed": 11}
         (trajectory,) = asyncio.run(workflow.run_episode(engine, sample))
         (again,) = asyncio.run(workflow.run_episode(engine, sample))
-        workflow.per_turn = True  # rollout.trajectory_mode=per_turn
+        workflow.per_turn = True  # agent.trajectory_mode=per_turn
         first_call, second_call = asyncio.run(workflow.run_episode(engine, sample))
     assert trajectory.reward == 1.0 and trajectory.metadata["turns"] == 2
     assert trajectory.metadata["completion"] == "#### 7"
@@ -67,18 +67,18 @@ def test_an_episode_is_scored_and_masked(tool_chat_model, tool_chat_tokenizer) -
 @pytest.mark.unit
 def test_bad_agents_are_config_errors() -> None:
     agent = ["rollout.workflow=core.workflows.openai_agent:OpenAIAgentWorkflow"]
-    with pytest.raises(ConfigError, match="rollout.agent: needs an agent"):
+    with pytest.raises(ConfigError, match="agent.function: needs an agent"):
         load_config(QUICKSTART, agent)
-    with pytest.raises(ConfigError, match="rollout.agent"):
-        load_config(QUICKSTART, [*agent, "rollout.agent=core.workflows.examples:nope"])
+    with pytest.raises(ConfigError, match="agent.function"):
+        load_config(QUICKSTART, [*agent, "agent.function=core.workflows.examples:nope"])
     with pytest.raises(ConfigError, match="must be an async function"):
-        load_config(QUICKSTART, [*agent, "rollout.agent=core.inference.tool_calls:error_message"])
-    calculator = [*agent, "rollout.agent=core.workflows.examples:calculator_agent"]
-    with pytest.raises(ConfigError, match="rollout.trajectory_mode='per_step' is not one of"):
-        load_config(QUICKSTART, [*calculator, "rollout.trajectory_mode=per_step"])
+        load_config(QUICKSTART, [*agent, "agent.function=core.inference.tool_calls:error_message"])
+    calculator = [*agent, "agent.function=core.workflows.examples:calculator_agent"]
+    with pytest.raises(ConfigError, match="agent.trajectory_mode='per_step' is not one of"):
+        load_config(QUICKSTART, [*calculator, "agent.trajectory_mode=per_step"])
     with pytest.raises(ConfigError, match="per_turn needs the agent workflow"):
-        load_config(QUICKSTART, ["rollout.trajectory_mode=per_turn"])
-    load_config(QUICKSTART, [*calculator, "rollout.trajectory_mode=per_turn"])  # fine
+        load_config(QUICKSTART, ["agent.trajectory_mode=per_turn"])
+    load_config(QUICKSTART, [*calculator, "agent.trajectory_mode=per_turn"])  # fine
 
 
 @pytest.mark.integration

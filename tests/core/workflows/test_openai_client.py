@@ -184,15 +184,15 @@ def test_per_call_sampling_the_learner_cannot_follow_is_refused(
     tool_chat_model, tool_chat_tokenizer
 ) -> None:
     """Issue 32 #5: a call's own temperature/top_p used to be sampled with while the learner
-    rescored at rollout.temperature (behaviour log-probs of another distribution)."""
+    rescored at sampling.temperature (behaviour log-probs of another distribution)."""
     sampling = SamplingParams(max_new_tokens=4, temperature=1.0, top_p=1.0)
     messages = [{"role": "user", "content": "Q: 1+1?"}]
     with HFEngine(load_model(tool_chat_model), tool_chat_tokenizer, seed=0) as engine:
         client = AgentChatClient(engine, tool_chat_tokenizer, sampling)
         create = client.chat.completions.create
         for kwargs, field in (
-            ({"temperature": 0.7}, "rollout.temperature=1.0"),
-            ({"top_p": 0.9}, "rollout.top_p=1.0"),
+            ({"temperature": 0.7}, "sampling.temperature=1.0"),
+            ({"top_p": 0.9}, "sampling.top_p=1.0"),
             ({"presence_penalty": 0.5}, "presence_penalty=0.5"),
             ({"n": 2}, "n=2"),
         ):

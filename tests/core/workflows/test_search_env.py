@@ -141,16 +141,16 @@ def test_short_answer_rewards() -> None:
 
 @pytest.mark.unit
 def test_bad_latency_settings_are_config_errors() -> None:
-    with pytest.raises(ConfigError, match="rollout.tool_latency_p99_s must be >= 0"):
-        load_config(SEARCH_YAML, ["rollout.tool_latency_p99_s=-1"])
-    with pytest.raises(ConfigError, match="rollout.tool_latency_p99_s=0.2 needs"):
-        load_config(SEARCH_YAML, ["rollout.tool_latency_p99_s=0.2"])
-    with pytest.raises(ConfigError, match="tool_latency_p99_s=1.0 needs.*tool_latency_s=0.0"):
-        load_config(SEARCH_YAML, ["rollout.tool_latency_s=0", "rollout.tool_latency_p99_s=1"])
+    with pytest.raises(ConfigError, match="tools.latency_p99_s must be >= 0"):
+        load_config(SEARCH_YAML, ["tools.latency_p99_s=-1"])
+    with pytest.raises(ConfigError, match="tools.latency_p99_s=0.2 needs"):
+        load_config(SEARCH_YAML, ["tools.latency_p99_s=0.2"])
+    with pytest.raises(ConfigError, match="tools.latency_p99_s=1.0 needs.*tools.latency_s=0.0"):
+        load_config(SEARCH_YAML, ["tools.latency_s=0", "tools.latency_p99_s=1"])
     with pytest.raises(ConfigError, match="corpus_size"):
         load_config(SEARCH_YAML, ["data.search_synthetic.corpus_size=2"])
     config = load_config(SEARCH_YAML)
-    assert (config.rollout.max_turns, config.rollout.tool_latency_p99_s) == (10, 5.0)
+    assert (config.agent.max_turns, config.tools.latency_p99_s) == (10, 5.0)
 
 
 @pytest.mark.integration
@@ -165,9 +165,9 @@ def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path, mode: str) -> 
         "data.n_train=40", "data.n_test=4", "eval.n_problems=4", "eval.max_new_tokens=8",
         "data.search_synthetic.corpus_size=40", "sft.steps=2", "sft.batch_size=4",
         "learner.total_steps=2",
-        "rollout.batch_size=2", "algorithm.group_size=2", "rollout.max_new_tokens=8",
-        "rollout.max_turns=2", "rollout.tool_latency_s=0", "rollout.tool_latency_p99_s=0",
-        "eval.every_n_steps=0", "checkpoint.every_n_steps=0", f"rollout.trajectory_mode={mode}",
+        "rollout.batch_size=2", "algorithm.group_size=2", "sampling.max_new_tokens=8",
+        "agent.max_turns=2", "tools.latency_s=0", "tools.latency_p99_s=0",
+        "eval.every_n_steps=0", "checkpoint.every_n_steps=0", f"agent.trajectory_mode={mode}",
     ]))  # fmt: skip
     assert summary["steps"] == 2 and summary["rollout"]["episodes_failed"] == 0
     rows = [json.loads(line) for line in (tmp_path / "agent-search" / "t" / "metrics.jsonl").open()]

@@ -191,6 +191,6 @@ def test_from_config_passes_the_sandbox_policy(tokenizer, mode: str) -> None:
     from core.config import Config
 
     config = Config()
-    config.rollout.sandbox, config.rollout.tool_timeout_s = mode, 3.0
+    config.tools.sandbox, config.tools.timeout_s = mode, 3.0
     wf = ToolAgentWorkflow.from_config(config, tokenizer)
     assert wf.toolbox.limits.isolation == mode and wf.toolbox.limits.wall_time_s == 3.0
