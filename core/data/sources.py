@@ -58,6 +58,9 @@ class DataSource:
     fn: SourceFn
     generated: bool  # makes its problems from the seed: needs data.n_test > 0
     check: SourceCheck | None = None  # what is wrong with its settings, before any work
+    # bumped when the same settings and seed make different problems (a generator changed):
+    # part of the data cache key, so no run reads the old problems back
+    version: int = 1
 
 
 REGISTRY: Registry[DataSource] = Registry(
@@ -67,13 +70,15 @@ SOURCES = REGISTRY.entries
 
 
 def data_source(
-    name: str, *, generated: bool = False, check: SourceCheck | None = None
+    name: str, *, generated: bool = False, check: SourceCheck | None = None, version: int = 1
 ) -> Callable[[SourceFn], SourceFn]:
     """Register ``fn`` as the data source ``name`` (a second function under a taken name fails);
-    ``check(data)`` lists what is wrong with the source's settings, run when the config loads."""
+    ``check(data)`` lists what is wrong with the source's settings, run when the config loads;
+    ``version``: raise it when a change to the generator makes other problems from the same
+    settings, so runs stop reading the cached ones."""
 
     def register(fn: SourceFn) -> SourceFn:
-        REGISTRY.add(DataSource(name, fn, generated=generated, check=check))
+        REGISTRY.add(DataSource(name, fn, generated=generated, check=check, version=version))
         return fn
 
     return register

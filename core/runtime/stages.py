@@ -63,8 +63,12 @@ def data_seed(config: Config) -> int:
 
 
 def data_cache_url(config: Config) -> str:
-    """``{fileroot}/_cache/data/<hash of the data section>-<seed>``: data depends on nothing else."""
+    """``{fileroot}/_cache/data/<hash of the data section>-<seed>[-v<version>]``: data depends on
+    nothing else but the source's version (``@data_source(version=...)``, shown from 2 on)."""
     key = f"{config_hash(config, ('data',))}-{data_seed(config)}"
+    version = resolve_source(config.data.source).version
+    if version > 1:
+        key += f"-v{version}"
     return join(config.cluster.fileroot, "_cache", "data", key)
 
 

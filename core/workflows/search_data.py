@@ -3,7 +3,7 @@
 Each question names one entity of the corpus (:mod:`core.workflows.search_env`) and follows 1-3
 relations from it before asking an attribute, so answering takes 2-4 document lookups::
 
-    "What is the founding year of the company founded by the mayor of Kasen?"
+    "What is the founding year of the company founded by the mayor of [[Kasen]]?"
     Kasen's document -> its mayor -> the mayor's document -> their company -> its document
 
 A sample is::
@@ -42,6 +42,7 @@ from core.workflows.search_env import (
     Corpus,
     Entity,
     build_corpus,
+    link,
     run_tool,
     search_index,
 )
@@ -119,7 +120,7 @@ def _walk(rng: random.Random, corpus: Corpus, n_relations: int) -> list[tuple[st
 def sample_question(rng: random.Random, corpus: Corpus, hops: int) -> Question:
     """One question that takes ``hops`` documents to answer."""
     steps = _walk(rng, corpus, hops - 1)
-    phrase = steps[0][1].name
+    phrase = link(steps[0][1].name)
     for relation, _ in steps[1:]:
         phrase = RELATIONS[relation][2].format(x=phrase)
     last = steps[-1][1]
@@ -195,7 +196,7 @@ def generate_search_questions(
     return first_samples(_stream(spec, seed), n, split)
 
 
-@data_source("search_synthetic", generated=True)
+@data_source("search_synthetic", generated=True, version=2)  # 2: names linked as [[Name]]
 def search_synthetic(data: DataSection, seed: int) -> Splits:
     """Multi-hop questions over the generated corpus (``data.search_synthetic``)."""
     return Splits(*generate_search_splits(data.search_synthetic, data.n_train, data.n_test, seed))

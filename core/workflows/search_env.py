@@ -9,6 +9,9 @@ written in its object's (a person's document names the company they founded), so
 multi-hop question can be looked up by name. Questions over the corpus live in
 :mod:`core.workflows.search_data`.
 
+A document names the entities it relates to as wiki links (``[[Quikamo]]``, :func:`link`),
+and so does a question the entity it starts from.
+
 Tools (errors are results, never raises), offered to the model as :data:`TOOLS` and run by
 :func:`run_tool` — the search agent at rollout time and the SFT episodes of
 :mod:`core.workflows.search_data` both go through them, so the two cannot disagree::
@@ -87,10 +90,18 @@ def _name(rng: random.Random, taken: set[str], parts: tuple[int, ...]) -> str:
     raise AssertionError("no fresh name found")
 
 
+def link(name: str) -> str:
+    """How a document or a question names another entity: ``[[Name]]``, a wiki link. The
+    brackets also make the name's first word tokenize as it does inside a tool call's JSON
+    string (after a quote), so a query copies the name token for token."""
+    return f"[[{name}]]"
+
+
 def _documents(entities: dict[str, Entity]) -> dict[str, Document]:
     docs = {}
     for e in entities.values():
-        a, r = e.attributes, e.relations
+        a = e.attributes
+        r = {relation: link(name) for relation, name in e.relations.items()}
         if e.kind == "person":
             text = f"{e.name} is a person born in {a['birth_year']} in {r['birthplace']}."
             if "founded" in r:

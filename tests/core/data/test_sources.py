@@ -10,7 +10,7 @@ import pytest
 
 from core.config import ConfigError, load_config
 from core.data.sources import SOURCES, Splits, data_source, resolve_source
-from core.runtime.stages import prepare_data
+from core.runtime.stages import data_cache_url, prepare_data
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[3]
@@ -75,6 +75,22 @@ def test_a_users_source_by_import_path_feeds_the_data_stage(
     assert len(data.train) == 6 and data.train[0]["answer"] == "#### 4"
     assert data.notes == {"made_by": "doubling"} and not data.cached
     assert prepare_data(load_config(QUICKSTART, overrides)).cached  # written once, read back
+
+
+def test_a_new_generator_version_does_not_read_the_old_problems(
+    user_module: str, tmp_path: Path
+) -> None:
+    overrides = [f"data.source={user_module}:doubling", "data.n_train=6", "data.n_test=2",
+                 f"cluster.fileroot={tmp_path / 'runs'}", "data.seed=3"]  # fmt: skip
+    cfg = load_config(QUICKSTART, overrides)
+    assert not prepare_data(cfg).cached and prepare_data(cfg).cached
+    data_source("doubling", generated=True, version=2)(
+        SOURCES["doubling"].fn
+    )  # the author bumps it
+    assert data_cache_url(cfg).endswith("-3-v2")
+    assert not prepare_data(cfg).cached  # made again by the new generator, then read back
+    assert prepare_data(cfg).cached
+    assert resolve_source("search_synthetic").version == 2  # its names became [[links]]
 
 
 def test_a_generated_source_needs_held_out_problems(user_module: str) -> None:

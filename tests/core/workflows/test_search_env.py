@@ -50,16 +50,20 @@ def test_corpus_and_questions_are_deterministic_per_seed() -> None:
 
 @pytest.mark.unit
 def test_every_answer_is_reachable_hop_by_hop() -> None:
-    """Each question names its first document's entity, each document names the next one, and
-    the last one states the answer."""
+    """Each question links its first document's entity, each document links the next one, and
+    the last one states the answer; a solved episode searches each linked name as written."""
     spec = SearchSpec(corpus_size=100)
     corpus = build_corpus(2, 100)
     for q in generate_search_questions(300, spec, seed=2):
         docs = [corpus.documents[doc_id] for doc_id in q["doc_ids"]]
         assert len(docs) == q["hops"] and len({d.doc_id for d in docs}) == q["hops"]
-        assert docs[0].title in q["question"]
+        assert f"[[{docs[0].title}]]" in q["question"]
         for here, there in zip(docs, docs[1:], strict=False):
-            assert there.title in here.text
+            assert f"[[{there.title}]]" in here.text
+        calls = [m["tool_calls"][0]["function"] for m in q["sft_messages"] if m.get("tool_calls")]
+        assert [c["arguments"]["query"] for c in calls if c["name"] == "search"] == [
+            d.title for d in docs
+        ]
         assert q["answer"] in docs[-1].text
         # the opening search already finds the first document
         assert search_index(2, 100).ranked(docs[0].title, 1) == [docs[0].doc_id]
