@@ -101,7 +101,7 @@ def _terminate_when(
         try:
             code = proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            pytest.fail("still running 120 s after SIGTERM")
+            pytest.fail(f"still running 120 s after SIGTERM: {stderr()[-4000:]}")
         return code, stderr(), children, time.monotonic() - signalled
     finally:
         if proc.poll() is None:  # the test failed: leave nothing behind
