@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from core.config.loading import RENAMED, type_name
+from core.config.loading import RENAMED, current_name, type_name
 from core.config.sections import Config
 from core.redaction import redact
 from core.schema import describe_bounds
@@ -88,20 +88,12 @@ def config_changes(
     (a :func:`run_params` dict saved earlier, e.g. in a checkpoint); ``now`` compares a subset
     of them instead (default: all of ``config``'s)."""
     now = run_params(config) if now is None else now
-    before = {_current_name(key): value for key, value in before.items()}  # saved before a rename
+    before = {current_name(key): value for key, value in before.items()}  # saved before a rename
     return [
         f"{key}: {before.get(key, '<absent>')!r} -> {now.get(key, '<absent>')!r}"
         for key in sorted(set(before) | set(now))
         if before.get(key) != now.get(key)
     ]
-
-
-def _current_name(key: str) -> str:
-    """A dotted key under its name today (:data:`RENAMED`: ``actor.lr`` -> ``learner.lr``)."""
-    for old, new in RENAMED.items():
-        if key == old or key.startswith(old + "."):
-            return new + key[len(old) :]
-    return key
 
 
 def field_docs(schema: type = Config, prefix: str = "") -> list[tuple[str, str, str, str]]:

@@ -67,6 +67,15 @@ RENAMED: dict[str, str] = {
     "rollout.sandbox": "tools.sandbox",
 }  # fmt: skip
 
+
+def current_name(key: str) -> str:
+    """A dotted key under its name today (:data:`RENAMED`: ``actor.lr`` -> ``learner.lr``)."""
+    for old, new in RENAMED.items():
+        if key == old or key.startswith(old + "."):
+            return new + key[len(old) :]
+    return key
+
+
 Layer = tuple[str, dict[str, Any]]  # (where it came from, a nested dict checked against the schema)
 
 FILEROOT_ENV = "ASYNCRL_FILEROOT"  # a fileroot from the environment (the local stack's bucket)
