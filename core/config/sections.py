@@ -297,6 +297,19 @@ class SFTConfig:
     )
     weight_decay: float = documented(0.0, "AdamW weight decay.", ge=0)
     max_grad_norm: float = documented(1.0, "Gradient clipping norm.", ge=0)
+    copy_drill_steps: int = documented(
+        0,
+        "Optimizer steps of copy drills before the SFT steps (0: none): each training "
+        "conversation's first assistant turn and the request before it, with what the turn "
+        "copies from the request renamed at random and the loss on the copies (core/data/"
+        "copy_drills.py). A from-scratch preset learns here to copy a name, file or number out "
+        "of the request into a tool call, which a pretrained model already can.",
+        ge=0,
+    )
+    copy_drill_batch_size: int = documented(64, "Drills per copy-drill step.", gt=0)
+    copy_drill_window: int = documented(
+        128, "Tokens before the first assistant turn that a drill keeps (the request).", gt=0
+    )
 
 
 @dataclass

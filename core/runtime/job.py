@@ -172,7 +172,7 @@ class Pipeline:
             self._ticks("fit_prompts")
             data = self._stage("fit_prompts", fit_prompts, cfg, data, model_dir)
         if cfg.sft.enabled and cfg.sft.steps > 0:
-            ticks = self._ticks("sft_warm_start", cfg.sft.steps)
+            ticks = self._ticks("sft_warm_start", cfg.sft.copy_drill_steps + cfg.sft.steps)
             model_dir = self._stage(
                 "sft_warm_start", sft_warm_start, cfg, model_dir, data.train, self.sink, ticks
             )

@@ -4,11 +4,16 @@ on the assistant turns of a solved agent conversation (rows with ``sft_messages`
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+from transformers import PreTrainedTokenizerBase
+
 from core.config import Config
+from core.data.copy_drills import build_drills
 from core.data.dataloader import ResumableDataLoader
 from core.data.prompting import Prompter, sft_target
 from core.models import load_tokenizer
@@ -70,6 +75,8 @@ def sft_warm_start(
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_dir)
     prompter = Prompter.from_config(config, tokenizer)
     examples = [_example(prompter, row) for row in train]
+    if sft.copy_drill_steps > 0:
+        model_dir = copy_drills(config, model_dir, examples, tokenizer, sink, on_step)
     loader = ResumableDataLoader(
         examples, batch_size=sft.batch_size, shuffle=True, seed=config.experiment.seed
     )
@@ -100,4 +107,48 @@ def sft_warm_start(
     seconds = time.perf_counter() - started
     mark_finished(config, "sft", {"steps": sft.steps, "seconds": seconds, "final_loss": loss})
     logger.info("SFT: %d steps in %.1f s", sft.steps, seconds)
+    return out
+
+
+def number_tokens(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The ids of the vocabulary's tokens that are digits only (``7``, `` 19``)."""
+    vocab = tokenizer.get_vocab()
+    return sorted(i for i in vocab.values() if tokenizer.decode([i]).strip().isdigit())
+
+
+def copy_drills(
+    config: Config,
+    model_dir: str | Path,
+    examples: list[Trajectory],
+    tokenizer: PreTrainedTokenizerBase,
+    sink: MetricSink,
+    on_step: Callable[[int], None] | None = None,
+) -> Path:
+    """``sft.copy_drill_steps`` steps of copy drills (core/data/copy_drills.py) drawn from the
+    SFT examples, with a learning-rate schedule of their own; returns the drilled model's local
+    folder, where the SFT steps start."""
+    sft = config.sft
+    drills = build_drills(
+        [(e.input_ids, e.loss_mask) for e in examples],
+        sft.copy_drill_window,
+        digits=number_tokens(tokenizer),
+    )
+    logger.info("copy drills: %d excerpts, %d names", len(drills.drills), len(drills.pool))
+    rng = random.Random(config.experiment.seed)
+    drilling = replace(config, sft=replace(sft, steps=sft.copy_drill_steps))
+    learners = start_learners(drilling, str(model_dir), mode="sft")
+    try:
+        for step in range(sft.copy_drill_steps):
+            batch = [
+                conversation_example(*drills.sample(rng)) for _ in range(sft.copy_drill_batch_size)
+            ]
+            stats = learners.sft_step(collate(batch, tokenizer.pad_token_id))
+            sink.log_metrics({"sft/copy_drill_loss": stats["loss"]}, step)
+            if on_step is not None:
+                on_step(1)
+        out = local_path(join(config.run_dir, "copy_drills"))
+        learners.export(str(out))
+    finally:
+        learners.close()
+    logger.info("copy drills: %d steps, final loss %.3f", sft.copy_drill_steps, stats["loss"])
     return out

@@ -160,14 +160,15 @@ def test_bad_latency_settings_are_config_errors() -> None:
 @pytest.mark.integration
 @pytest.mark.parametrize("mode", ["conversation", "per_turn"])
 def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path, mode: str) -> None:
-    """SFT on solved conversations, then two RL steps of the search agent: episodes run the
-    tools and are trained (as whole conversations, or call by call)."""
+    """Copy drills and SFT on solved conversations, then two RL steps of the search agent:
+    episodes run the tools and are trained (as whole conversations, or call by call)."""
     from core.runtime.job import run_experiment
 
     summary = run_experiment(load_config(SEARCH_YAML, [
         f"model.path={tool_chat_model}", f"cluster.fileroot={tmp_path}", "experiment.trial=t",
         "data.n_train=40", "data.n_test=4", "eval.n_problems=4", "eval.max_new_tokens=8",
         "data.search_synthetic.corpus_size=40", "sft.steps=2", "sft.batch_size=4",
+        "sft.copy_drill_steps=2", "sft.copy_drill_batch_size=4",
         "learner.total_steps=2",
         "rollout.batch_size=2", "algorithm.group_size=2", "sampling.max_new_tokens=8",
         "agent.max_turns=2", "tools.latency_s=0", "tools.latency_p99_s=0",
@@ -177,6 +178,8 @@ def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path, mode: str) -> 
     rows = [json.loads(line) for line in (tmp_path / "agent-search" / "t" / "metrics.jsonl").open()]
     trained = [r for r in rows if "actor/loss_tokens" in r]
     assert len(trained) == 2
+    assert len([r for r in rows if "sft/copy_drill_loss" in r]) == 2
+    assert len([r for r in rows if "sft/loss" in r]) == 2
     assert all(
         r["actor/tokens"] > 4 * 100 and 0 < r["actor/loss_tokens"] <= 4 * 2 * 8 for r in trained
     )

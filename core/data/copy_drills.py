@@ -1,0 +1,165 @@
+"""Copy drills: teach a from-scratch model to copy a name or id out of its context.
+
+An agent copies arguments all the time: the entity a question names into a search call, a doc
+id out of a search result, an order number out of the customer's message. A pretrained LM can
+already do that (induction heads, Olsson et al. 2022, arXiv 2209.11895); a from-scratch preset
+cannot, and in a few hundred SFT steps on whole episodes it memorises the commonest name instead
+of learning the copy, because a fixed corpus rewards memorising (docs/tutorials/own-agent.md).
+
+A drill is a training conversation's first assistant turn and the last ``window`` tokens
+before it (the user's request). What the turn copies from the request is renamed at random,
+the same way in both places and nowhere else, so no memorised name can be right; the loss is
+on the copied tokens only. Short, with fresh names at every draw, the copy forms in a few
+hundred steps where whole episodes did not form it (measured in docs/tutorials/own-agent.md
+for the search agent and docs/tutorials/environments.md for the terminal agent).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Drill:
+    """One assistant turn and what it reads: ``context`` ids, then ``turn`` ids, whose
+    ``spans`` (half-open, in turn positions) are copies of runs of the context; ``renamed``: the
+    copied names a draw renames (and its digits); ``where``: the positions of the copies and of
+    what they copy in context + turn, the only ones a draw renames (the format stays)."""
+
+    context: tuple[int, ...]
+    turn: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+    renamed: tuple[int, ...]
+    where: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DrillSet:
+    """The drills of a training set, and the tokens a renamed copy may be drawn from."""
+
+    drills: tuple[Drill, ...]
+    pool: tuple[int, ...]
+    digits: tuple[int, ...] = ()
+
+    def sample(self, rng: random.Random) -> tuple[list[int], list[int]]:
+        """A random drill with fresh names and numbers: ``(ids, loss_mask)``, the mask on its
+        copies."""
+        return rename(rng.choice(self.drills), self.pool, self.digits, rng)
+
+
+def turns(
+    ids: Sequence[int], mask: Sequence[int], window: int
+) -> list[tuple[list[int], list[int]]]:
+    """Each trained run of ``mask`` (an assistant turn) with the last ``window`` ids before
+    it: ``[(context, turn), ...]``."""
+    out: list[tuple[list[int], list[int]]] = []
+    start = None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((list(ids[max(0, start - window) : start]), list(ids[start:i])))
+            start = None
+    return out
+
+
+def copied_spans(turn: Sequence[int], context: Sequence[int]) -> list[tuple[int, int]]:
+    """The longest runs of ``turn``, left to right, that also occur in ``context``."""
+    where: dict[int, list[int]] = defaultdict(list)
+    for j, token in enumerate(context):
+        where[token].append(j)
+    spans, i = [], 0
+    while i < len(turn):
+        best = 0
+        for j in where.get(turn[i], ()):
+            n = 1
+            while i + n < len(turn) and j + n < len(context) and turn[i + n] == context[j + n]:
+                n += 1
+            best = max(best, n)
+        if best:
+            spans.append((i, i + best))
+        i += max(best, 1)
+    return spans
+
+
+def build_drills(
+    conversations: Sequence[tuple[Sequence[int], Sequence[int]]],
+    window: int,
+    *,
+    digits: Collection[int] = (),
+    format_share: float = 0.1,
+) -> DrillSet:
+    """The drills of ``conversations`` (``(ids, loss_mask)`` as SFT trains on them), one per
+    conversation: its first assistant turn, which copies from the user's request (later turns
+    copy from tool output, where a cut-off window loses what decides between its names).
+
+    A run found in at least ``format_share`` of the turns is the format's (``{"query": "``),
+    not a copy; a token in that share is never renamed. ``digits`` (the tokenizer's number
+    tokens) are shuffled among themselves, however common: a number is as arbitrary as a
+    name."""
+    excerpts = [turns(ids, mask, window)[0] for ids, mask in conversations if any(mask)]
+    if not excerpts:
+        raise ValueError("copy drills need conversations with assistant turns")
+    digit_set = frozenset(digits)
+    limit = format_share * len(excerpts)
+    runs = [copied_spans(turn, context) for context, turn in excerpts]
+    run_counts = Counter(
+        run
+        for (_, turn), spans in zip(excerpts, runs, strict=True)
+        for run in {tuple(turn[a:b]) for a, b in spans}
+    )
+    token_counts = Counter(token for _, turn in excerpts for token in set(turn))
+    common = {t for t, n in token_counts.items() if n >= limit} - digit_set
+    drills, pool = [], set()
+    for (context, turn), candidates in zip(excerpts, runs, strict=True):
+        spans = [(a, b) for a, b in candidates if run_counts[tuple(turn[a:b])] < limit]
+        if spans:
+            names = sorted({t for a, b in spans for t in turn[a:b]} - common - digit_set)
+            where = _copy_positions(context, turn, spans)
+            drills.append(Drill(tuple(context), tuple(turn), tuple(spans), tuple(names), where))
+            pool.update(names)
+    if not drills:
+        raise ValueError(
+            "no first assistant turn copies anything from the request before it: copy drills "
+            "have nothing to train (set sft.copy_drill_steps=0)"
+        )
+    return DrillSet(tuple(drills), tuple(sorted(pool)), tuple(sorted(digit_set)))
+
+
+def _copy_positions(
+    context: Sequence[int], turn: Sequence[int], spans: Sequence[tuple[int, int]]
+) -> tuple[int, ...]:
+    """Positions in context + turn of each copied run and of every occurrence of it in the
+    context."""
+    where: set[int] = set()
+    for a, b in spans:
+        run, n = list(turn[a:b]), b - a
+        for i in range(len(context) - n + 1):
+            if list(context[i : i + n]) == run:
+                where.update(range(i, i + n))
+        where.update(range(len(context) + a, len(context) + b))
+    return tuple(sorted(where))
+
+
+def rename(
+    drill: Drill, pool: Sequence[int], digits: Sequence[int], rng: random.Random
+) -> tuple[list[int], list[int]]:
+    """``drill`` with its copied names mapped to random pool tokens it does not already hold
+    and its digits shuffled among themselves, the same way at every copy and what it copies
+    (nowhere else); loss mask on the copied positions."""
+    ids = [*drill.context, *drill.turn]
+    present = set(ids)
+    free = [t for t in pool if t not in present]
+    n = min(len(drill.renamed), len(free))
+    mapping = dict(zip(drill.renamed[:n], rng.sample(free, n), strict=True))
+    mapping |= dict(zip(digits, rng.sample(list(digits), len(digits)), strict=True))
+    for k in drill.where:
+        ids[k] = mapping.get(ids[k], ids[k])
+    mask = [0] * len(ids)
+    for a, b in drill.spans:
+        for k in range(a, b):
+            mask[len(drill.context) + k] = 1
+    return ids, mask
