@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
 
@@ -64,3 +64,9 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 400) -> PreTrainedT
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: str | Path) -> None:
     """Save so that ``AutoTokenizer.from_pretrained(directory)`` loads it."""
     tokenizer.save_pretrained(str(directory))
+
+
+def number_tokens(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The ids of the vocabulary's tokens that are digits only (``7``, `` 19``)."""
+    vocab = tokenizer.get_vocab()
+    return sorted(i for i in vocab.values() if tokenizer.decode([i]).strip().isdigit())

@@ -17,6 +17,7 @@ from core.data.copy_drills import build_drills
 from core.data.dataloader import ResumableDataLoader
 from core.data.prompting import Prompter, sft_target
 from core.models import load_tokenizer
+from core.models.tokenizer import number_tokens
 from core.rollout.api import Trajectory
 from core.runtime.metrics import MetricSink
 from core.runtime.placement import start_learners
@@ -108,12 +109,6 @@ def sft_warm_start(
     mark_finished(config, "sft", {"steps": sft.steps, "seconds": seconds, "final_loss": loss})
     logger.info("SFT: %d steps in %.1f s", sft.steps, seconds)
     return out
-
-
-def number_tokens(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The ids of the vocabulary's tokens that are digits only (``7``, `` 19``)."""
-    vocab = tokenizer.get_vocab()
-    return sorted(i for i in vocab.values() if tokenizer.decode([i]).strip().isdigit())
 
 
 def copy_drills(

@@ -10,7 +10,8 @@ import pytest
 from core.config import load_config
 from core.data.copy_drills import build_drills, copied_spans, rename, turns
 from core.data.prompting import Prompter
-from core.runtime.sft import _example, number_tokens
+from core.models.tokenizer import number_tokens
+from core.runtime.sft import _example
 from core.workflows.search_data import SearchSpec, generate_search_questions
 
 pytestmark = pytest.mark.unit
