@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from core.algorithms.config import AlgorithmConfig
 from core.algorithms.preference import DPO_KINDS
 from core.data.code_synthetic import CodeSpec
+from core.data.copy_drills import COPY_DRILL_TURNS
 from core.data.humaneval import HumanEvalSpec
 from core.data.preference import PreferenceSpec
 from core.data.prompting import PROMPT_FORMATS
@@ -299,16 +300,23 @@ class SFTConfig:
     max_grad_norm: float = documented(1.0, "Gradient clipping norm.", ge=0)
     copy_drill_steps: int = documented(
         0,
-        "Optimizer steps of copy drills before the SFT steps (0: none): each training "
-        "conversation's first assistant turn and the request before it, with what the turn "
-        "copies from the request renamed at random and the loss on the copies (core/data/"
+        "Optimizer steps of copy drills before the SFT steps (0: none): a training "
+        "conversation's assistant turn (sft.copy_drill_turns) and what it reads, with what the "
+        "turn copies from there renamed at random and the loss on the copies (core/data/"
         "copy_drills.py). A from-scratch preset learns here to copy a name, file or number out "
         "of the request into a tool call, which a pretrained model already can.",
         ge=0,
     )
     copy_drill_batch_size: int = documented(64, "Drills per copy-drill step.", gt=0)
     copy_drill_window: int = documented(
-        128, "Tokens before the first assistant turn that a drill keeps (the request).", gt=0
+        128, "Tokens before a drilled assistant turn that the drill keeps (what it reads).", gt=0
+    )
+    copy_drill_turns: str = documented(
+        "first",
+        "Which assistant turns are drilled: 'first' (copies out of the request: the search "
+        "query's entity, the order number) or 'all' (also later turns' copies out of tool "
+        "output: a path grep printed, a doc id a search returned).",
+        choices=COPY_DRILL_TURNS,
     )
 
 

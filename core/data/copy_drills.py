@@ -6,10 +6,10 @@ already do that (induction heads, Olsson et al. 2022, arXiv 2209.11895); a from-
 cannot, and in a few hundred SFT steps on whole episodes it memorises the commonest name instead
 of learning the copy, because a fixed corpus rewards memorising (docs/tutorials/own-agent.md).
 
-A drill is a training conversation's first assistant turn and the last ``window`` tokens
-before it (the user's request). What the turn copies from the request is renamed at random,
-the same way in both places and nowhere else, so no memorised name can be right; the loss is
-on the copied tokens only. Short, with fresh names at every draw, the copy forms in a few
+A drill is an assistant turn of a training conversation and the last ``window`` tokens before
+it: the user's request for the first turn, tool output too for a later one. What the turn copies
+from there is renamed at random, the same way in both places and nowhere else, so no memorised
+name can be right; the loss is on the copied tokens only. Short, with fresh names at every draw, the copy forms in a few
 hundred steps where whole episodes did not form it (measured in docs/tutorials/own-agent.md
 for the search agent and docs/tutorials/environments.md for the terminal agent).
 """
@@ -20,6 +20,8 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+
+COPY_DRILL_TURNS = ("first", "all")
 
 
 @dataclass(frozen=True)
@@ -91,16 +93,24 @@ def build_drills(
     *,
     digits: Collection[int] = (),
     format_share: float = 0.1,
+    which: str = "first",
 ) -> DrillSet:
-    """The drills of ``conversations`` (``(ids, loss_mask)`` as SFT trains on them), one per
-    conversation: its first assistant turn, which copies from the user's request (later turns
-    copy from tool output, where a cut-off window loses what decides between its names).
+    """The drills of ``conversations`` (``(ids, loss_mask)`` as SFT trains on them): each
+    one's first assistant turn, which copies from the user's request (``which="first"``), or
+    every assistant turn (``"all"``), later ones copying from tool output too.
 
     A run found in at least ``format_share`` of the turns is the format's (``{"query": "``),
     not a copy; a token in that share is never renamed. ``digits`` (the tokenizer's number
     tokens) are shuffled among themselves, however common: a number is as arbitrary as a
     name."""
-    excerpts = [turns(ids, mask, window)[0] for ids, mask in conversations if any(mask)]
+    if which not in COPY_DRILL_TURNS:
+        raise ValueError(f"unknown drilled turns {which!r}: expected one of {COPY_DRILL_TURNS}")
+    excerpts = [
+        excerpt
+        for ids, mask in conversations
+        if any(mask)
+        for excerpt in turns(ids, mask, window)[: 1 if which == "first" else None]
+    ]
     if not excerpts:
         raise ValueError("copy drills need conversations with assistant turns")
     digit_set = frozenset(digits)
@@ -123,8 +133,8 @@ def build_drills(
             pool.update(names)
     if not drills:
         raise ValueError(
-            "no first assistant turn copies anything from the request before it: copy drills "
-            "have nothing to train (set sft.copy_drill_steps=0)"
+            f"no drilled assistant turn ({which}) copies anything from the context before it: "
+            "copy drills have nothing to train (set sft.copy_drill_steps=0)"
         )
     return DrillSet(tuple(drills), tuple(sorted(pool)), tuple(sorted(digit_set)))
 

@@ -127,6 +127,7 @@ def copy_drills(
         [(e.input_ids, e.loss_mask) for e in examples],
         sft.copy_drill_window,
         digits=number_tokens(tokenizer),
+        which=sft.copy_drill_turns,
     )
     logger.info("copy drills: %d excerpts, %d names", len(drills.drills), len(drills.pool))
     rng = random.Random(config.experiment.seed)

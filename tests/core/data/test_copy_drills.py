@@ -13,6 +13,8 @@ from core.data.prompting import Prompter
 from core.models.tokenizer import number_tokens
 from core.runtime.sft import _example
 from core.workflows.search_data import SearchSpec, generate_search_questions
+from core.workflows.terminal_data import TerminalSpec, terminal_splits
+from core.workflows.terminal_env import TerminalTask
 
 pytestmark = pytest.mark.unit
 
@@ -86,3 +88,30 @@ def test_a_search_episodes_drill_is_its_first_call_copying_the_questions_entity(
     assert text.count("[[") == 1 and "<|im_start|>assistant" in text  # the format is kept
     name = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
     assert f"[[{name}]]" in text and f'"query": "{name}"' in text
+
+
+def test_drilling_all_turns_adds_the_answer_copied_out_of_tool_output(
+    tool_chat_tokenizer,
+) -> None:
+    """A terminal ``find`` episode answers with the path grep printed: 'first' drills only its
+    command (the function's name, out of the question), 'all' its answer too."""
+    tokenizer = tool_chat_tokenizer
+    prompter = Prompter.from_config(load_config("experiments/terminal.yaml"), tokenizer)
+    rows = terminal_splits(TerminalSpec(tasks=["find"], n_files=3), 60, 1, seed=3).train
+    pairs = [(e.input_ids, e.loss_mask) for e in (_example(prompter, row) for row in rows)]
+    first = build_drills(pairs, window=256, digits=number_tokens(tokenizer))
+    every = build_drills(pairs, window=256, digits=number_tokens(tokenizer), which="all")
+    assert len(first.drills) <= len(rows) < len(every.drills) <= 2 * len(rows)
+    paths = {TerminalTask.from_json(row["answer"]).expected for row in rows}
+    answers = [
+        (drill, path)
+        for drill in every.drills
+        if (path := tokenizer.decode(drill.turn).split("<|im_end|>")[0].strip()) in paths
+    ]
+    assert len(answers) > len(rows) // 2
+    for drill, path in answers:
+        copied = "".join(tokenizer.decode(drill.turn[a:b]) for a, b in drill.spans)
+        module = path.removeprefix("src/").removesuffix(".py")
+        assert module in copied and path in tokenizer.decode(drill.context)  # out of grep's output
+    with pytest.raises(ValueError, match="expected one of"):
+        build_drills(pairs, window=256, which="last")
