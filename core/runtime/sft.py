@@ -48,6 +48,12 @@ def conversation_example(ids: list[int], mask: list[int]) -> Trajectory:
     return Trajectory(ids, mask, [0.0] * n, [-1] * n, reward=0.0, prompt_len=mask.index(1))
 
 
+def sft_rows(train: list[dict]) -> list[dict]:
+    """The training rows SFT learns from: all but RL-only ones (``"rl_only": true``: a prompt
+    RL should meet that has no solution to imitate, e.g. core/workflows/support_data.py)."""
+    return [row for row in train if not row.get("rl_only")]
+
+
 def _example(prompter: Prompter, row: dict) -> Trajectory:
     """A row's SFT example: its solved conversation (``sft_messages`` after the opening, with
     the row's ``tools``) when it has one, else prompt → target."""
@@ -75,7 +81,7 @@ def sft_warm_start(
     sft = config.sft
     tokenizer = load_tokenizer(config.model.tokenizer_path or model_dir)
     prompter = Prompter.from_config(config, tokenizer)
-    examples = [_example(prompter, row) for row in train]
+    examples = [_example(prompter, row) for row in sft_rows(train)]
     if sft.copy_drill_steps > 0:
         model_dir = copy_drills(config, model_dir, examples, tokenizer, sink, on_step)
     loader = ResumableDataLoader(

@@ -134,6 +134,8 @@ def training_texts(samples: list[dict], template: str) -> list[str]:
 
 
 def _solution_text(sample: dict) -> str:
+    if sample.get("rl_only"):
+        return ""
     if not sample.get("sft_messages"):
         return sft_target(sample)
     parts = []

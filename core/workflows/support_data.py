@@ -8,7 +8,8 @@ A sample::
      "answer": the desk as JSON (orders and the hidden goal: what the agent plays against),
      "task": the goal's kind (status | refund | address: evaluation reports accuracy/<task>),
      "tools": the tool schemas the agent shows the model ([] with show_tools=false),
-     "sft_messages": a solved conversation, training samples only}
+     "sft_messages": a solved conversation, training samples only,
+     "rl_only": true on a training sample with no SFT conversation (see below)}
 
 The scripted agent (:func:`solved_conversation`) asks for the order number when the customer
 did not give it, looks the order up, then acts or declines as the policy says and tells the
@@ -16,7 +17,10 @@ customer. With ``direct_fraction`` it instead acts at once, without looking, on 
 refund and address requests; such a conversation is kept for SFT only where acting blind
 happened to be allowed. SFT on that mix learns to act blind often: where the order turns out
 not to be eligible the action is forbidden and the episode earns 0, which RL can discover —
-the same lever as the math quickstart's direct answers.
+the same lever as the math quickstart's direct answers. A desk where acting blind was forbidden
+stays in the training split as an RL-only row (``rl_only``: no SFT conversation), so RL meets
+ineligible orders as often as held-out customers bring them; dropping those desks would leave
+RL a training set where acting blind is nearly always allowed, and nothing to discover.
 """
 
 from __future__ import annotations
@@ -85,8 +89,8 @@ class SupportSpec:
     direct_fraction: float = documented(
         0.0,
         "Share of the SFT conversations for refund and address requests in which the scripted "
-        "agent acts without looking the order up (kept only where that was allowed): a "
-        "warm start that acts blind, which RL can improve on.",
+        "agent acts without looking the order up (kept for SFT only where that was allowed; "
+        "the others are RL-only rows): a warm start that acts blind, which RL can improve on.",
         ge=0.0, le=1.0,
     )  # fmt: skip
 
@@ -173,9 +177,10 @@ def _episodes(spec: SupportSpec, seed: int, split: str) -> Iterator[dict[str, An
         if split == "train":
             direct = desk.goal.kind in ELIGIBLE and rng.random() < spec.direct_fraction
             messages = solved_conversation(Desk.from_json(sample["answer"]), direct)
-            if not messages:  # acting blind was forbidden here: no SFT row, no sample
-                continue
-            sample["sft_messages"] = messages
+            if messages:
+                sample["sft_messages"] = messages
+            else:  # acting blind was forbidden here: RL meets this customer, SFT does not
+                sample["rl_only"] = True
         yield sample
 
 
@@ -191,7 +196,7 @@ def support_splits(spec: SupportSpec, n_train: int, n_test: int, seed: int) -> S
     return Splits(train, test)
 
 
-@data_source("customer_service", generated=True,
+@data_source("customer_service", generated=True, version=2,
              check=lambda data: spec_problems(data.customer_service))  # fmt: skip
 def customer_service(data: DataSection, seed: int) -> Splits:
     """Seeded customer-service episodes: ``n_train`` to train on, ``n_test`` held out."""

@@ -14,6 +14,7 @@ import pytest
 from core.config import ConfigError, load_config
 from core.data.sources import resolve_source
 from core.rollout.api import episode_metrics
+from core.runtime.sft import sft_rows
 from core.workflows.openai_agent import AgentEpisode
 from core.workflows.support_agent import serve
 from core.workflows.support_data import SupportSpec, solved_conversation, support_splits
@@ -110,18 +111,35 @@ def test_every_sft_conversation_is_solved_and_acts_blind_only_where_that_was_all
     direct_fraction: float,
 ) -> None:
     train = support_splits(SupportSpec(direct_fraction=direct_fraction), 300, 1, 5).train
-    blind = [s for s in train if _first_call(s) != "lookup_order"]
-    for sample in train:  # replayed against a fresh desk, each is solved
+    rl_only = [s for s in train if s.get("rl_only")]
+    sft = sft_rows(train)  # what SFT trains on: every row with a conversation, no other
+    assert len(sft) + len(rl_only) == len(train) and all("sft_messages" in s for s in sft)
+    blind = [s for s in sft if _first_call(s) != "lookup_order"]
+    for sample in sft:  # replayed against a fresh desk, each is solved
         assert solved_conversation(Desk.from_json(sample["answer"]), sample in blind)
     for sample in blind:
-        goal = json.loads(sample["answer"])["goal"]
-        status = json.loads(sample["answer"])["orders"][goal["order_id"]]["status"]
-        assert goal["kind"] != "status" and status in ("delivered", "processing")
-    requests = [s for s in train if s["task"] != "status"]
+        assert _status(sample) in ("delivered", "processing") and sample["task"] != "status"
+    for sample in rl_only:  # acting blind was forbidden: RL meets it, SFT has nothing to imitate
+        assert "sft_messages" not in sample and sample["task"] != "status"
+        assert not _eligible(sample)
+        assert not solved_conversation(Desk.from_json(sample["answer"]), direct=True)
+    requests = [s for s in sft if s["task"] != "status"]
+    ineligible = [s for s in train if s["task"] != "status" and not _eligible(s)]
     if direct_fraction == 0.0:
-        assert not blind
-    else:  # a warm start that mostly acts blind: d / (2 - d) of the kept requests
+        assert not blind and not rl_only
+    else:  # a warm start that mostly acts blind: d / (2 - d) of the SFT requests
         assert 0.55 < len(blind) / len(requests) < 0.8
+    # RL meets ineligible orders as often as held-out customers bring them (about half)
+    assert 0.35 < len(ineligible) / len([s for s in train if s["task"] != "status"]) < 0.65
+
+
+def _status(sample: dict[str, Any]) -> str:
+    desk = json.loads(sample["answer"])
+    return desk["orders"][desk["goal"]["order_id"]]["status"]
+
+
+def _eligible(sample: dict[str, Any]) -> bool:
+    return _status(sample) == {"refund": "delivered", "address": "processing"}[sample["task"]]
 
 
 def _episode(
