@@ -7,7 +7,8 @@ A sample::
      "answer": the task as JSON (its files and what solves it: what the agent plays against),
      "task": its kind (count | find | rename: evaluation reports accuracy/<task>),
      "tools": the bash tool's schema ([] with show_tools=false),
-     "sft_messages": a solved conversation, training samples only}
+     "sft_messages": a solved conversation, training samples only,
+     "rl_only": true on a training sample with no SFT conversation (see below)}
 
 The scripted agent runs the task's command (:meth:`TerminalTask.command`: ``grep -c``,
 ``grep -rl``, a ``mv`` loop) with the ``bash`` tool, reads its output and answers. The tool
@@ -15,7 +16,12 @@ turn holds what bash prints for that command on the task's files, computed here 
 running it (tests/core/workflows/test_terminal.py runs the commands in the sandbox and
 compares). With ``direct_fraction`` the scripted agent instead answers ``count`` and ``find``
 questions at once, without looking: SFT on that mix learns to guess often, which RL can
-discover does not pay — the same lever as the math quickstart's direct answers.
+discover does not pay — the same lever as the math quickstart's direct answers. With
+``shortcut_fraction`` it counts only a log's first lines (:data:`SHORTCUT`) on that share of
+``count`` questions, a conversation kept for SFT only where the shortcut gave the right count;
+where it did not, the episode stays in the training split as an RL-only row (``rl_only``), so
+RL meets the logs the shortcut gets wrong as often as held-out episodes bring them. Unlike a
+direct answer, the shortcut still reads the tool's output, which the tiny preset keeps doing.
 """
 
 from __future__ import annotations
@@ -30,6 +36,11 @@ from core.data.sources import DataSection, Splits, data_source
 from core.data.splits import fresh_episodes
 from core.schema import documented
 from core.workflows.terminal_env import KINDS, LOGS, MODULES, NOTES, TerminalTask, draw_task
+
+# The scripted agent's shortcut for ``count``: right only when no ERROR line comes after the
+# first five.
+SHORTCUT = "head -n 5 {path} | grep -c ERROR"
+SHORTCUT_LINES = 5
 
 # The one tool, kept bare (no description): every episode's system turn carries it.
 TOOLS: list[dict[str, Any]] = [
@@ -76,6 +87,14 @@ class TerminalSpec:
         "can improve on.",
         ge=0.0, le=1.0,
     )  # fmt: skip
+    shortcut_fraction: float = documented(
+        0.0,
+        "Share of the SFT conversations for count questions in which the scripted agent counts "
+        f"only the log's first {SHORTCUT_LINES} lines ({SHORTCUT!r}), kept only where that "
+        "gave the right count (the others are RL-only rows): a warm start that takes a "
+        "shortcut which fails on longer logs, which RL can improve on.",
+        ge=0.0, le=1.0,
+    )  # fmt: skip
 
 
 def spec_problems(spec: TerminalSpec) -> list[str]:
@@ -94,17 +113,34 @@ def tool_output(task: TerminalTask) -> str:
     return {"count": task.expected, "find": task.expected, "rename": ""}[task.kind]
 
 
-def solved_conversation(task: TerminalTask, direct: bool = False) -> list[dict[str, Any]]:
+def shortcut_output(task: TerminalTask) -> str:
+    """What bash prints for :data:`SHORTCUT` on a ``count`` task's log (the pipeline's exit
+    status is grep's: 1 when it counts none)."""
+    lines = task.files[task.target].splitlines()[:SHORTCUT_LINES]
+    count = sum("ERROR" in line for line in lines)
+    return f"{count}" if count else "0\n[exit status 1]"
+
+
+def solved_conversation(
+    task: TerminalTask, direct: bool = False, shortcut: bool = False
+) -> list[dict[str, Any]]:
     """The scripted agent's turns after the opening: run the command, then answer (``direct``:
-    answer at once; ``count`` and ``find`` only)."""
+    answer at once, ``count`` and ``find`` only; ``shortcut``: a ``count`` by
+    :data:`SHORTCUT`, [] where that count is wrong)."""
     reply = task.expected if task.kind != "rename" else "Done."
     if direct and task.kind != "rename":
         return [{"role": "assistant", "content": reply}]
+    command, output = task.command(), tool_output(task)
+    if shortcut and task.kind == "count":
+        command, output = SHORTCUT.format(path=task.target), shortcut_output(task)
+        reply = output.split("\n")[0]
+        if reply != task.expected:
+            return []
     call = {"id": "call_0", "type": "function",
-            "function": {"name": "bash", "arguments": {"command": task.command()}}}  # fmt: skip
+            "function": {"name": "bash", "arguments": {"command": command}}}  # fmt: skip
     return [
         {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_0", "content": tool_output(task)},
+        {"role": "tool", "tool_call_id": "call_0", "content": output},
         {"role": "assistant", "content": reply},
     ]
 
@@ -119,7 +155,13 @@ def _episodes(spec: TerminalSpec, seed: int, split: str) -> Iterator[dict[str, A
                   "tools": copy.deepcopy(TOOLS) if spec.show_tools else []}  # fmt: skip
         if split == "train":
             direct = task.kind != "rename" and rng.random() < spec.direct_fraction
-            sample["sft_messages"] = solved_conversation(task, direct)
+            shortcut = (task.kind == "count" and not direct and spec.shortcut_fraction > 0
+                        and rng.random() < spec.shortcut_fraction)  # fmt: skip
+            messages = solved_conversation(task, direct, shortcut)
+            if messages:
+                sample["sft_messages"] = messages
+            else:  # the shortcut miscounted here: RL meets this episode, SFT does not
+                sample["rl_only"] = True
         index += 1
         yield sample
 

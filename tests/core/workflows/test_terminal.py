@@ -13,10 +13,18 @@ import pytest
 
 from core.config import ConfigError, load_config
 from core.rollout.api import episode_metrics
+from core.runtime.sft import sft_rows
 from core.sandbox import SandboxLimits, run_bash
 from core.workflows.openai_agent import AgentEpisode
 from core.workflows.terminal_agent import serve
-from core.workflows.terminal_data import TerminalSpec, terminal_splits, tool_output
+from core.workflows.terminal_data import (
+    SHORTCUT,
+    TerminalSpec,
+    shortcut_output,
+    solved_conversation,
+    terminal_splits,
+    tool_output,
+)
 from core.workflows.terminal_env import TerminalTask, draw_task, renamed
 from tests.core.workflows.helpers import ReplayClient, two_step_run, two_trained_steps
 
@@ -78,13 +86,39 @@ def test_the_scripted_tool_turns_equal_what_bash_prints_for_the_commands() -> No
         reply = task.expected if task.kind != "rename" else "Done."
         assert task.solved(result.files, reply)
 
-    samples = terminal_splits(TerminalSpec(), 30, 1, 4).train
+    async def check_shortcut(task: TerminalTask) -> None:
+        result = await run_bash(SHORTCUT.format(path=task.target), task.files)
+        assert result.for_model() == shortcut_output(task), task
+
+    samples = terminal_splits(TerminalSpec(max_lines=12), 30, 1, 4).train
+    tasks = [TerminalTask.from_json(s["answer"]) for s in samples]
 
     async def all_checks() -> None:
-        await asyncio.gather(*(check(TerminalTask.from_json(s["answer"])) for s in samples))
+        await asyncio.gather(*(check(task) for task in tasks))
+        await asyncio.gather(*(check_shortcut(t) for t in tasks if t.kind == "count"))
 
     asyncio.run(all_checks())
     assert {s["task"] for s in samples} == {"count", "find", "rename"}
+
+
+def test_a_shortcut_is_kept_for_sft_only_where_it_counted_right_and_rl_meets_the_rest() -> None:
+    train = terminal_splits(TerminalSpec(max_lines=12, shortcut_fraction=0.9), 300, 1, 2).train
+    counts = [s for s in train if s["task"] == "count"]
+    rl_only = [s for s in train if s.get("rl_only")]
+    shortcuts = [s for s in counts if s in sft_rows(train)
+                 and "head" in s["sft_messages"][0]["tool_calls"][0]["function"]["arguments"]["command"]]  # fmt: skip
+    assert rl_only and shortcuts and all(s["task"] == "count" for s in rl_only)
+    for sample in shortcuts:  # each answers what the shortcut printed, which was right
+        task = TerminalTask.from_json(sample["answer"])
+        assert sample["sft_messages"][-1]["content"] == task.expected
+    for sample in rl_only:  # the shortcut would have miscounted: no conversation to imitate
+        task = TerminalTask.from_json(sample["answer"])
+        assert "sft_messages" not in sample and not solved_conversation(task, shortcut=True)
+    # the warm start mostly takes the shortcut; RL meets its misses as held-out episodes do
+    assert len(shortcuts) / len(sft_rows(counts)) > 0.6
+    assert 0.3 < len(rl_only) / len(counts) < 0.7
+    plain = terminal_splits(TerminalSpec(max_lines=12), 300, 1, 2).train
+    assert not any(s.get("rl_only") for s in plain)
 
 
 @pytest.mark.parametrize(
@@ -166,9 +200,11 @@ def test_a_bad_task_kind_fails_when_the_config_loads_naming_the_field_and_the_ch
 
 @pytest.mark.e2e
 def test_a_terminal_agent_runs_end_to_end(harness: str, tmp_path: Path) -> None:
-    run_dir, summary = two_step_run(RECIPE, tmp_path)
+    run_dir, summary = two_step_run(RECIPE, tmp_path, "sft.copy_drill_steps=2")
     two_trained_steps(run_dir, summary, n_test=4)
     assert {"solved", "used_bash", "nonzero_exit"} <= set(summary["evals"][-1]["metrics"])
     metrics = [json.loads(line) for line in
                (run_dir / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
     assert any("agent/used_bash" in m for m in metrics)
+    drills = [m["sft/copy_drill_loss"] for m in metrics if "sft/copy_drill_loss" in m]
+    assert len(drills) == 2 and (run_dir / "copy_drills").is_dir()  # the recipe's drills ran
