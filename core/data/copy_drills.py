@@ -9,8 +9,8 @@ of learning the copy, because a fixed corpus rewards memorising (docs/tutorials/
 A drill is an assistant turn of a training conversation and the last ``window`` tokens before
 it: the user's request for the first turn, tool output too for a later one. What the turn copies
 from there is renamed at random, the same way in both places and nowhere else, so no memorised
-name can be right; the loss is on the copied tokens only. Short, with fresh names at every draw, the copy forms in a few
-hundred steps where whole episodes did not form it (measured in docs/tutorials/own-agent.md
+name can be right; the loss is on the copied tokens only. Short, with fresh names at every
+draw, the copy forms in a few hundred steps where whole episodes did not form it (measured in docs/tutorials/own-agent.md
 for the search agent and docs/tutorials/environments.md for the terminal agent).
 """
 

@@ -20,8 +20,9 @@ discover does not pay — the same lever as the math quickstart's direct answers
 ``shortcut_fraction`` it counts only a log's first lines (:data:`SHORTCUT`) on that share of
 ``count`` questions, a conversation kept for SFT only where the shortcut gave the right count;
 where it did not, the episode stays in the training split as an RL-only row (``rl_only``), so
-RL meets the logs the shortcut gets wrong as often as held-out episodes bring them. Unlike a
-direct answer, the shortcut still reads the tool's output, which the tiny preset keeps doing.
+RL meets the logs the shortcut gets wrong as often as held-out episodes bring them. (Measured
+on the tiny preset, docs: environments: the kept shortcuts have small counts, and the warm start
+learned that prior instead of reading the output.)
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from core.workflows.terminal_env import KINDS, LOGS, MODULES, NOTES, TerminalTas
 
 # The scripted agent's shortcut for ``count``: right only when no ERROR line comes after the
 # first five.
-SHORTCUT = "head -n 5 {path} | grep -c ERROR"
 SHORTCUT_LINES = 5
+SHORTCUT = f"head -n {SHORTCUT_LINES} {{path}} | grep -c ERROR"
 
 # The one tool, kept bare (no description): every episode's system turn carries it.
 TOOLS: list[dict[str, Any]] = [
@@ -108,17 +109,25 @@ def spec_problems(spec: TerminalSpec) -> list[str]:
 def tool_output(task: TerminalTask) -> str:
     """What the bash tool returns for ``task.command()`` on the task's files (``grep -c`` exits
     1 when it counts none)."""
-    if task.kind == "count" and task.expected == "0":
-        return "0\n[exit status 1]"
-    return {"count": task.expected, "find": task.expected, "rename": ""}[task.kind]
+    if task.kind == "count":
+        return _grep_count_output(int(task.expected))
+    return {"find": task.expected, "rename": ""}[task.kind]
+
+
+def _grep_count_output(count: int) -> str:
+    """What ``grep -c`` prints for ``count`` matches (it exits 1 when it counts none)."""
+    return str(count) if count else "0\n[exit status 1]"
+
+
+def shortcut_count(task: TerminalTask) -> int:
+    """The ERROR lines :data:`SHORTCUT` counts on a ``count`` task's log."""
+    lines = task.files[task.target].splitlines()[:SHORTCUT_LINES]
+    return sum("ERROR" in line for line in lines)
 
 
 def shortcut_output(task: TerminalTask) -> str:
-    """What bash prints for :data:`SHORTCUT` on a ``count`` task's log (the pipeline's exit
-    status is grep's: 1 when it counts none)."""
-    lines = task.files[task.target].splitlines()[:SHORTCUT_LINES]
-    count = sum("ERROR" in line for line in lines)
-    return f"{count}" if count else "0\n[exit status 1]"
+    """What bash prints for :data:`SHORTCUT` (the pipeline's exit status is grep's)."""
+    return _grep_count_output(shortcut_count(task))
 
 
 def solved_conversation(
@@ -133,7 +142,7 @@ def solved_conversation(
     command, output = task.command(), tool_output(task)
     if shortcut and task.kind == "count":
         command, output = SHORTCUT.format(path=task.target), shortcut_output(task)
-        reply = output.split("\n")[0]
+        reply = str(shortcut_count(task))
         if reply != task.expected:
             return []
     call = {"id": "call_0", "type": "function",
