@@ -309,7 +309,10 @@ class SFTConfig:
     )
     copy_drill_batch_size: int = documented(64, "Drills per copy-drill step.", gt=0)
     copy_drill_window: int = documented(
-        128, "Tokens before a drilled assistant turn that the drill keeps (what it reads).", gt=0
+        128,
+        "Tokens of the request a drill keeps, and for a later turn (copy_drill_turns=all) "
+        "also the tokens right before it (what it reads).",
+        gt=0,
     )
     copy_drill_turns: str = documented(
         "first",

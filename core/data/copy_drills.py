@@ -6,8 +6,9 @@ already do that (induction heads, Olsson et al. 2022, arXiv 2209.11895); a from-
 cannot, and in a few hundred SFT steps on whole episodes it memorises the commonest name instead
 of learning the copy, because a fixed corpus rewards memorising (docs/tutorials/own-agent.md).
 
-A drill is an assistant turn of a training conversation and the last ``window`` tokens before
-it: the user's request for the first turn, tool output too for a later one. What the turn copies
+A drill is an assistant turn of a training conversation and what it reads: the last ``window``
+tokens of the user's request, and for a later turn the last ``window`` tokens before it too
+(tool output). What the turn copies
 from there is renamed at random, the same way in both places and nowhere else, so no memorised
 name can be right; the loss is on the copied tokens only. Short, with fresh names at every
 draw, the copy forms in a few hundred steps where whole episodes did not form it (measured in docs/tutorials/own-agent.md
@@ -55,15 +56,21 @@ class DrillSet:
 def turns(
     ids: Sequence[int], mask: Sequence[int], window: int
 ) -> list[tuple[list[int], list[int]]]:
-    """Each trained run of ``mask`` (an assistant turn) with the last ``window`` ids before
-    it: ``[(context, turn), ...]``."""
+    """Each trained run of ``mask`` (an assistant turn) with what it reads: ``[(context,
+    turn), ...]``. The first turn reads the last ``window`` ids before it (the request); a later
+    one reads the request too, then the last ``window`` ids before it: a window cut out of the
+    middle of a long episode would lose the question that decides which name to copy."""
     out: list[tuple[list[int], list[int]]] = []
-    start = None
+    start, request_end = None, None
     for i, m in enumerate([*mask, 0]):
         if m and start is None:
             start = i
         elif not m and start is not None:
-            out.append((list(ids[max(0, start - window) : start]), list(ids[start:i])))
+            if request_end is None:
+                request_end = start
+            request = list(ids[max(0, request_end - window) : request_end])
+            recent = list(ids[max(request_end, start - window) : start])
+            out.append((request + recent if start > request_end else request, list(ids[start:i])))
             start = None
     return out
 

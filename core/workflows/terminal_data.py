@@ -7,8 +7,7 @@ A sample::
      "answer": the task as JSON (its files and what solves it: what the agent plays against),
      "task": its kind (count | find | rename: evaluation reports accuracy/<task>),
      "tools": the bash tool's schema ([] with show_tools=false),
-     "sft_messages": a solved conversation, training samples only,
-     "rl_only": true on a training sample with no SFT conversation (see below)}
+     "sft_messages": the scripted agent's conversation, training samples only}
 
 The scripted agent runs the task's command (:meth:`TerminalTask.command`: ``grep -c``,
 ``grep -rl``, a ``mv`` loop) with the ``bash`` tool, reads its output and answers. The tool
@@ -18,11 +17,11 @@ compares). With ``direct_fraction`` the scripted agent instead answers ``count``
 questions at once, without looking: SFT on that mix learns to guess often, which RL can
 discover does not pay — the same lever as the math quickstart's direct answers. With
 ``shortcut_fraction`` it counts only a log's first lines (:data:`SHORTCUT`) on that share of
-``count`` questions, a conversation kept for SFT only where the shortcut gave the right count;
-where it did not, the episode stays in the training split as an RL-only row (``rl_only``), so
-RL meets the logs the shortcut gets wrong as often as held-out episodes bring them. (Measured
-on the tiny preset, docs: environments: the kept shortcuts have small counts, and the warm start
-learned that prior instead of reading the output.)
+``count`` questions and answers what that printed, right or wrong: a warm start that reads the
+tool's output but often runs the weaker command, which RL can discover does not pay. (An
+earlier version kept a shortcut conversation only where its count was right; measured on the
+tiny preset, docs: environments, the kept ones had small counts and the warm start learned
+that prior instead of reading the output.)
 """
 
 from __future__ import annotations
@@ -91,9 +90,9 @@ class TerminalSpec:
     shortcut_fraction: float = documented(
         0.0,
         "Share of the SFT conversations for count questions in which the scripted agent counts "
-        f"only the log's first {SHORTCUT_LINES} lines ({SHORTCUT!r}), kept only where that "
-        "gave the right count (the others are RL-only rows): a warm start that takes a "
-        "shortcut which fails on longer logs, which RL can improve on.",
+        f"only the log's first {SHORTCUT_LINES} lines ({SHORTCUT!r}) and answers what that "
+        "printed, wrong on longer logs: a warm start that reads the output of a weaker "
+        "command, which RL can improve on.",
         ge=0.0, le=1.0,
     )  # fmt: skip
 
@@ -135,7 +134,7 @@ def solved_conversation(
 ) -> list[dict[str, Any]]:
     """The scripted agent's turns after the opening: run the command, then answer (``direct``:
     answer at once, ``count`` and ``find`` only; ``shortcut``: a ``count`` by
-    :data:`SHORTCUT`, [] where that count is wrong)."""
+    :data:`SHORTCUT`, answering what it printed)."""
     reply = task.expected if task.kind != "rename" else "Done."
     if direct and task.kind != "rename":
         return [{"role": "assistant", "content": reply}]
@@ -143,8 +142,6 @@ def solved_conversation(
     if shortcut and task.kind == "count":
         command, output = SHORTCUT.format(path=task.target), shortcut_output(task)
         reply = str(shortcut_count(task))
-        if reply != task.expected:
-            return []
     call = {"id": "call_0", "type": "function",
             "function": {"name": "bash", "arguments": {"command": command}}}  # fmt: skip
     return [
@@ -166,11 +163,7 @@ def _episodes(spec: TerminalSpec, seed: int, split: str) -> Iterator[dict[str, A
             direct = task.kind != "rename" and rng.random() < spec.direct_fraction
             shortcut = (task.kind == "count" and not direct and spec.shortcut_fraction > 0
                         and rng.random() < spec.shortcut_fraction)  # fmt: skip
-            messages = solved_conversation(task, direct, shortcut)
-            if messages:
-                sample["sft_messages"] = messages
-            else:  # the shortcut miscounted here: RL meets this episode, SFT does not
-                sample["rl_only"] = True
+            sample["sft_messages"] = solved_conversation(task, direct, shortcut)
         index += 1
         yield sample
 
@@ -187,7 +180,9 @@ def terminal_splits(spec: TerminalSpec, n_train: int, n_test: int, seed: int) ->
     return Splits(train, test)
 
 
-@data_source("terminal", generated=True, check=lambda data: spec_problems(data.terminal))
+# version 2: a shortcut conversation answers what the shortcut printed (it was kept only where right)
+@data_source("terminal", generated=True, version=2,
+             check=lambda data: spec_problems(data.terminal))  # fmt: skip
 def terminal(data: DataSection, seed: int) -> Splits:
     """Seeded terminal tasks: ``n_train`` to train on, ``n_test`` held out."""
     return terminal_splits(data.terminal, data.n_train, data.n_test, seed)

@@ -19,10 +19,12 @@ from core.workflows.terminal_env import TerminalTask
 pytestmark = pytest.mark.unit
 
 
-def test_turns_are_the_trained_runs_with_the_window_before_each() -> None:
+def test_turns_are_the_trained_runs_with_the_request_and_the_window_before_each() -> None:
     ids = list(range(10))
     mask = [0, 0, 0, 1, 1, 0, 0, 0, 1, 0]
-    assert turns(ids, mask, window=2) == [([1, 2], [3, 4]), ([6, 7], [8])]
+    # the second turn reads the request's end (1 2) and what came right before it (6 7)
+    assert turns(ids, mask, window=2) == [([1, 2], [3, 4]), ([1, 2, 6, 7], [8])]
+    assert turns(ids, mask, window=4) == [([0, 1, 2], [3, 4]), ([0, 1, 2, 4, 5, 6, 7], [8])]
     assert turns(ids, mask, window=100) == [([0, 1, 2], [3, 4]), ([0, 1, 2, 3, 4, 5, 6, 7], [8])]
 
 

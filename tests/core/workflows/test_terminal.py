@@ -13,15 +13,14 @@ import pytest
 
 from core.config import ConfigError, load_config
 from core.rollout.api import episode_metrics
-from core.runtime.sft import sft_rows
 from core.sandbox import SandboxLimits, run_bash
 from core.workflows.openai_agent import AgentEpisode
 from core.workflows.terminal_agent import serve
 from core.workflows.terminal_data import (
     SHORTCUT,
     TerminalSpec,
+    shortcut_count,
     shortcut_output,
-    solved_conversation,
     terminal_splits,
     tool_output,
 )
@@ -101,24 +100,26 @@ def test_the_scripted_tool_turns_equal_what_bash_prints_for_the_commands() -> No
     assert {s["task"] for s in samples} == {"count", "find", "rename"}
 
 
-def test_a_shortcut_is_kept_for_sft_only_where_it_counted_right_and_rl_meets_the_rest() -> None:
-    train = terminal_splits(TerminalSpec(max_lines=12, shortcut_fraction=0.9), 300, 1, 2).train
+def test_a_shortcut_answers_what_it_printed_right_or_wrong() -> None:
+    train = terminal_splits(TerminalSpec(max_lines=12, shortcut_fraction=0.7), 300, 1, 2).train
     counts = [s for s in train if s["task"] == "count"]
-    rl_only = [s for s in train if s.get("rl_only")]
-    shortcuts = [s for s in counts if s in sft_rows(train)
-                 and "head" in s["sft_messages"][0]["tool_calls"][0]["function"]["arguments"]["command"]]  # fmt: skip
-    assert rl_only and shortcuts and all(s["task"] == "count" for s in rl_only)
-    for sample in shortcuts:  # each answers what the shortcut printed, which was right
+    assert all("sft_messages" in s and not s.get("rl_only") for s in train)
+    commands = [s["sft_messages"][0]["tool_calls"][0]["function"]["arguments"]["command"]
+                for s in counts]  # fmt: skip
+    shortcuts = [s for s, c in zip(counts, commands, strict=True) if c.startswith("head")]
+    assert 0.55 < len(shortcuts) / len(counts) < 0.85  # the rest run the full grep -c
+    wrong = 0
+    for sample in shortcuts:  # the reply copies the tool's output, whatever the true count
         task = TerminalTask.from_json(sample["answer"])
-        assert sample["sft_messages"][-1]["content"] == task.expected
-    for sample in rl_only:  # the shortcut would have miscounted: no conversation to imitate
-        task = TerminalTask.from_json(sample["answer"])
-        assert "sft_messages" not in sample and not solved_conversation(task, shortcut=True)
-    # the warm start mostly takes the shortcut; RL meets its misses as held-out episodes do
-    assert len(shortcuts) / len(sft_rows(counts)) > 0.6
-    assert 0.3 < len(rl_only) / len(counts) < 0.7
-    plain = terminal_splits(TerminalSpec(max_lines=12), 300, 1, 2).train
-    assert not any(s.get("rl_only") for s in plain)
+        tool, reply = sample["sft_messages"][1]["content"], sample["sft_messages"][-1]["content"]
+        assert reply == str(shortcut_count(task)) and tool.split("\n")[0] == reply
+        wrong += reply != task.expected
+    # the shortcut miscounts often enough that RL has something to find (about 43 % of logs)
+    assert 0.25 < wrong / len(shortcuts) < 0.6
+    for sample, command in zip(counts, commands, strict=True):
+        expected = TerminalTask.from_json(sample["answer"]).expected
+        if not command.startswith("head"):  # the full grep -c: always right
+            assert sample["sft_messages"][-1]["content"] == expected
 
 
 @pytest.mark.parametrize(
