@@ -8,11 +8,11 @@ of learning the copy, because a fixed corpus rewards memorising (docs/tutorials/
 
 A drill is an assistant turn of a training conversation and what it reads: the last ``window``
 tokens of the user's request, and for a later turn the last ``window`` tokens before it too
-(tool output). What the turn copies
-from there is renamed at random, the same way in both places and nowhere else, so no memorised
-name can be right; the loss is on the copied tokens only. Short, with fresh names at every
-draw, the copy forms in a few hundred steps where whole episodes did not form it (measured in docs/tutorials/own-agent.md
-for the search agent and docs/tutorials/environments.md for the terminal agent).
+(tool output). What the turn copies from there is renamed at random, the same way in both
+places and nowhere else, so no memorised name can be right; the loss is on the copied tokens
+only. Short, with fresh names at every draw, the copy forms in a few hundred steps where whole
+episodes did not form it (measured in docs/tutorials/own-agent.md for the search agent and
+docs/tutorials/environments.md for the terminal agent, where it formed in some seeds only).
 """
 
 from __future__ import annotations
