@@ -61,16 +61,15 @@ def turns(
     one reads the request too, then the last ``window`` ids before it: a window cut out of the
     middle of a long episode would lose the question that decides which name to copy."""
     out: list[tuple[list[int], list[int]]] = []
-    start, request_end = None, None
+    start, request_end, request = None, 0, []
     for i, m in enumerate([*mask, 0]):
         if m and start is None:
             start = i
         elif not m and start is not None:
-            if request_end is None:
-                request_end = start
-            request = list(ids[max(0, request_end - window) : request_end])
-            recent = list(ids[max(request_end, start - window) : start])
-            out.append((request + recent if start > request_end else request, list(ids[start:i])))
+            if not out:  # the first turn: what comes before it is the request
+                request_end, request = start, list(ids[max(0, start - window) : start])
+            recent = list(ids[max(request_end, start - window) : start])  # [] for the first
+            out.append((request + recent, list(ids[start:i])))
             start = None
     return out
 
