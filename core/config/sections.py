@@ -321,6 +321,14 @@ class SFTConfig:
         "output: a path grep printed, a doc id a search returned).",
         choices=COPY_DRILL_TURNS,
     )
+    copy_drill_first_share: float | None = documented(
+        None,
+        "With copy_drill_turns=all, the share of drills that are first turns (null: one in as "
+        "many as an episode has turns). The first turn's copy out of the request is its own "
+        "skill: drilled one time in three among a search episode's turns, it did not form.",
+        ge=0,
+        le=1,
+    )
 
 
 @dataclass

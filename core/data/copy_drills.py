@@ -17,6 +17,7 @@ docs/tutorials/environments.md for the terminal agent, where it formed in some s
 
 from __future__ import annotations
 
+import functools
 import random
 from collections import Counter, defaultdict
 from collections.abc import Collection, Sequence
@@ -37,20 +38,34 @@ class Drill:
     spans: tuple[tuple[int, int], ...]
     renamed: tuple[int, ...]
     where: tuple[int, ...]
+    first: bool = True  # the conversation's first assistant turn (it copies from the request)
 
 
 @dataclass(frozen=True)
 class DrillSet:
-    """The drills of a training set, and the tokens a renamed copy may be drawn from."""
+    """The drills of a training set, and the tokens a renamed copy may be drawn from;
+    ``first_share``: the share of draws that are first turns (None: as many as they are)."""
 
     drills: tuple[Drill, ...]
     pool: tuple[int, ...]
     digits: tuple[int, ...] = ()
+    first_share: float | None = None
+
+    @functools.cached_property
+    def _groups(self) -> tuple[list[Drill], list[Drill]]:
+        return [d for d in self.drills if d.first], [d for d in self.drills if not d.first]
+
+    def draw(self, rng: random.Random) -> Drill:
+        """A random drill, a first turn with probability ``first_share`` where that is set."""
+        first, later = self._groups
+        if self.first_share is None or not first or not later:
+            return rng.choice(self.drills)
+        return rng.choice(first if rng.random() < self.first_share else later)
 
     def sample(self, rng: random.Random) -> tuple[list[int], list[int]]:
         """A random drill with fresh names and numbers: ``(ids, loss_mask)``, the mask on its
         copies."""
-        return rename(rng.choice(self.drills), self.pool, self.digits, rng)
+        return rename(self.draw(rng), self.pool, self.digits, rng)
 
 
 def turns(
@@ -100,6 +115,7 @@ def build_drills(
     digits: Collection[int] = (),
     format_share: float = 0.1,
     which: str = "first",
+    first_share: float | None = None,
 ) -> DrillSet:
     """The drills of ``conversations`` (``(ids, loss_mask)`` as SFT trains on them): each
     one's first assistant turn, which copies from the user's request (``which="first"``), or
@@ -108,15 +124,20 @@ def build_drills(
     A run found in at least ``format_share`` of the turns is the format's (``{"query": "``),
     not a copy; a token in that share is never renamed. ``digits`` (the tokenizer's number
     tokens) are shuffled among themselves, however common: a number is as arbitrary as a
-    name."""
+    name. ``first_share`` (with ``"all"``): the share of draws that are first turns, which
+    otherwise get one draw in as many as an episode has turns."""
     if which not in COPY_DRILL_TURNS:
         raise ValueError(f"unknown drilled turns {which!r}: expected one of {COPY_DRILL_TURNS}")
-    excerpts = [
-        excerpt
-        for ids, mask in conversations
-        if any(mask)
-        for excerpt in turns(ids, mask, window)[: 1 if which == "first" else None]
-    ]
+    if first_share is not None and not 0 <= first_share <= 1:
+        raise ValueError(f"first_share must be in [0, 1], got {first_share}")
+    excerpts, firsts = [], []
+    for ids, mask in conversations:
+        if any(mask):
+            for k, excerpt in enumerate(
+                turns(ids, mask, window)[: 1 if which == "first" else None]
+            ):
+                excerpts.append(excerpt)
+                firsts.append(k == 0)
     if not excerpts:
         raise ValueError("copy drills need conversations with assistant turns")
     digit_set = frozenset(digits)
@@ -130,19 +151,21 @@ def build_drills(
     token_counts = Counter(token for _, turn in excerpts for token in set(turn))
     common = {t for t, n in token_counts.items() if n >= limit} - digit_set
     drills, pool = [], set()
-    for (context, turn), candidates in zip(excerpts, runs, strict=True):
+    for (context, turn), candidates, first in zip(excerpts, runs, firsts, strict=True):
         spans = [(a, b) for a, b in candidates if run_counts[tuple(turn[a:b])] < limit]
         if spans:
             names = sorted({t for a, b in spans for t in turn[a:b]} - common - digit_set)
             where = _copy_positions(context, turn, spans)
-            drills.append(Drill(tuple(context), tuple(turn), tuple(spans), tuple(names), where))
+            drills.append(
+                Drill(tuple(context), tuple(turn), tuple(spans), tuple(names), where, first)
+            )
             pool.update(names)
     if not drills:
         raise ValueError(
             f"no drilled assistant turn ({which}) copies anything from the context before it: "
             "copy drills have nothing to train (set sft.copy_drill_steps=0)"
         )
-    return DrillSet(tuple(drills), tuple(sorted(pool)), tuple(sorted(digit_set)))
+    return DrillSet(tuple(drills), tuple(sorted(pool)), tuple(sorted(digit_set)), first_share)
 
 
 def _copy_positions(

@@ -134,6 +134,7 @@ def copy_drills(
         sft.copy_drill_window,
         digits=number_tokens(tokenizer),
         which=sft.copy_drill_turns,
+        first_share=sft.copy_drill_first_share,
     )
     logger.info("copy drills: %d excerpts, %d names", len(drills.drills), len(drills.pool))
     rng = random.Random(config.experiment.seed)

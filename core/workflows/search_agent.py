@@ -15,13 +15,12 @@ from __future__ import annotations
 import functools
 
 from core.workflows.openai_agent import AgentEpisode
-from core.workflows.search_env import TOOLS, run_tool, search_index
+from core.workflows.search_env import TOOLS, run_tool, sample_index
 from core.workflows.tool_loop import tool_loop
 
 
 async def search_agent(episode: AgentEpisode) -> str:
     """Ask, run the search/open calls, ask again, up to ``max_turns`` completion calls; the last
     reply without calls is the answer."""
-    sample = episode.sample
-    index = search_index(int(sample["corpus_seed"]), int(sample["corpus_size"]))
+    index = sample_index(episode.sample)
     return await tool_loop(episode, TOOLS, functools.partial(run_tool, index))

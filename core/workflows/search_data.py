@@ -10,12 +10,14 @@ A sample is::
 
     {"id", "question", "answer": the exact answer ("1967", a country's name),
      "hops": documents to read, "doc_ids": those documents in order,
-     "corpus_seed", "corpus_size": which corpus the agent searches}
+     "corpus_seed", "corpus_size", "top_k", "snippet_chars": which corpus the agent searches
+     and how its search shows hits}
 
 TRAINING samples also carry a solved episode for SFT (:func:`solved_episode`): ``sft_messages``
-(per hop a ``search`` call by the entity's name and an ``open`` of its document, each followed
-by the tool's real output, then ``Answer: <answer>``, the form ``exact_match`` scores) and
-``tools`` (the agent's own :data:`~core.workflows.search_env.TOOLS`), so SFT prompts and tool
+(per hop a ``search`` call by the entity's name and, where the hit did not show the whole
+document, an ``open`` of it, each followed by the tool's real output, then ``Answer: <answer>``,
+the form ``exact_match`` scores; or, on ``bridge_fraction`` of them, one hop short and answering
+the bridge entity's name) and ``tools`` (the agent's own :data:`~core.workflows.search_env.TOOLS`), so SFT prompts and tool
 results are token for token what the agent sees at rollout time.
 
 The corpus comes from ``data.seed`` (else the experiment seed) and ``corpus_size``; train and
@@ -38,10 +40,12 @@ from core.schema import documented
 from core.workflows.search_env import (
     MAX_SIZE,
     MIN_SIZE,
+    SNIPPET_CHARS,
     TOOLS,
+    TOP_K,
     Corpus,
     Entity,
-    build_corpus,
+    SearchIndex,
     link,
     run_tool,
     search_index,
@@ -79,6 +83,22 @@ class SearchSpec:
     )
     min_hops: int = documented(2, "Fewest documents a question needs read (2-4).")
     max_hops: int = documented(4, "Most documents a question needs read (2-4, >= min_hops).")
+    top_k: int = documented(TOP_K, "Hits a search returns, best first.", gt=0)
+    snippet_chars: int = documented(
+        SNIPPET_CHARS,
+        "Characters of a document's text a search hit shows (0: all of it, as the passages of a "
+        "Search-R1-style search tool). A solved SFT episode opens a document only where its hit "
+        "was cut short.",
+        ge=0,
+    )
+    bridge_fraction: float = documented(
+        0.0,
+        "Share of SFT episodes that stop one hop short and answer the bridge entity, the name "
+        "the last document would be found by, instead of its attribute: always wrong, and the "
+        "same copy as the search that would go on (a warm start RL can improve on).",
+        ge=0,
+        le=1,
+    )
 
     def __post_init__(self) -> None:
         if not MIN_SIZE <= self.corpus_size <= MAX_SIZE:
@@ -135,29 +155,41 @@ def _call(k: int, name: str, arguments: dict[str, str]) -> dict:
 
 
 @functools.lru_cache(maxsize=65_536)
-def _tool_result(seed: int, size: int, name: str, arguments: str) -> str:
+def _tool_result(index: SearchIndex, name: str, arguments: str) -> str:
     # The tools are pure functions of the corpus; a question set asks each name many times.
-    return run_tool(search_index(seed, size), name, arguments)
+    return run_tool(index, name, arguments)
 
 
-def solved_episode(question: Question, corpus: Corpus) -> list[dict]:
+def solved_episode(question: Question, index: SearchIndex, bridge: bool = False) -> list[dict]:
     """The assistant and tool turns of a solved episode: for each document on the question's
-    path, ``search`` its entity's name and ``open`` its document, the tool turns being what
-    :func:`~core.workflows.search_env.run_tool` returns; then ``Answer: <answer>``."""
+    path, ``search`` its entity's name and, unless the hit showed the whole document, ``open``
+    it, the tool turns being what :func:`~core.workflows.search_env.run_tool` returns; then
+    ``Answer: <answer>``. With ``bridge`` it stops one document short and answers the last
+    entity's name, which the document before names (a multi-hop reader's classic mistake)."""
     messages: list[dict] = []
-    for entity in question.path:
-        for name, arguments in (("search", {"query": entity.name}),
-                                ("open", {"doc_id": entity.doc_id})):  # fmt: skip
-            call = _call(len(messages) // 2, name, arguments)
-            result = _tool_result(corpus.seed, corpus.size, name, json.dumps(arguments))
-            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
+    path = question.path[:-1] if bridge else question.path
+
+    def call(name: str, arguments: dict[str, str]) -> str:
+        tool_call = _call(len(messages) // 2, name, arguments)
+        result = _tool_result(index, name, json.dumps(arguments))
+        messages.append({"role": "assistant", "content": "", "tool_calls": [tool_call]})
+        messages.append({"role": "tool", "tool_call_id": tool_call["id"], "content": result})
+        return result
+
+    for entity in path:
+        found = call("search", {"query": entity.name})
         # names are unique words, so BM25 ranks the entity's own document first
-        assert messages[-3]["content"].startswith(f"[{entity.doc_id}] "), entity.name
-    return [*messages, {"role": "assistant", "content": f"Answer: {question.answer}"}]
+        assert found.startswith(f"[{entity.doc_id}] "), entity.name
+        if not index.shows_all_of(entity.doc_id):
+            call("open", {"doc_id": entity.doc_id})
+    answer = question.path[-1].name if bridge else question.answer
+    return [*messages, {"role": "assistant", "content": f"Answer: {answer}"}]
 
 
-def _to_sample(sample_id: str, question: Question, corpus: Corpus, split: str) -> dict:
+def _to_sample(
+    sample_id: str, question: Question, index: SearchIndex, split: str, bridge_fraction: float
+) -> dict:
+    corpus = index.corpus
     sample = {
         "id": sample_id,
         "question": question.text,
@@ -166,15 +198,19 @@ def _to_sample(sample_id: str, question: Question, corpus: Corpus, split: str) -
         "doc_ids": [e.doc_id for e in question.path],
         "corpus_seed": corpus.seed,
         "corpus_size": corpus.size,
+        "top_k": index.top_k,
+        "snippet_chars": index.snippet_chars,
     }
     if split == "train":
-        sample["sft_messages"] = solved_episode(question, corpus)
+        bridge = bridge_fraction > 0 and random.Random(sample_id).random() < bridge_fraction
+        sample["sft_messages"] = solved_episode(question, index, bridge)
         sample["tools"] = copy.deepcopy(TOOLS)
     return sample
 
 
 def _stream(spec: SearchSpec, seed: int) -> SampleStream:
-    corpus = build_corpus(seed, spec.corpus_size)
+    index = search_index(seed, spec.corpus_size, spec.top_k, spec.snippet_chars)
+    corpus = index.corpus
 
     def samples(split: str) -> Iterator[tuple[int, dict]]:
         if split not in SPLITS:
@@ -183,7 +219,8 @@ def _stream(spec: SearchSpec, seed: int) -> SampleStream:
         i = 0
         while True:
             question = sample_question(rng, corpus, rng.randint(spec.min_hops, spec.max_hops))
-            yield i, _to_sample(f"search-{split}-{seed}-{i}", question, corpus, split)
+            sample_id = f"search-{split}-{seed}-{i}"
+            yield i, _to_sample(sample_id, question, index, split, spec.bridge_fraction)
             i += 1
 
     return samples

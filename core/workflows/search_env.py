@@ -19,6 +19,9 @@ Tools (errors are results, never raises), offered to the model as :data:`TOOLS` 
     search(query) -> the top hits: "[doc_id] title: snippet", one a line
     open(doc_id)  -> the document's text
 
+How much a hit shows is a knob (``snippet_chars``; 0 shows the whole document, as the passages
+a Search-R1-style search tool returns), and so is the number of hits (``top_k``).
+
 The BM25 index (``bm25s``; Robertson & Zaragoza, "The Probabilistic Relevance Framework: BM25
 and Beyond", 2009) is built once per process per ``(seed, size)`` (:func:`search_index`).
 """
@@ -171,11 +174,18 @@ def build_corpus(seed: int, size: int) -> Corpus:
 class SearchIndex:
     """BM25 over a corpus's documents (title and text), with the agent's two tools."""
 
-    def __init__(self, corpus: Corpus, top_k: int = TOP_K) -> None:
+    def __init__(
+        self, corpus: Corpus, top_k: int = TOP_K, snippet_chars: int = SNIPPET_CHARS
+    ) -> None:
         import bm25s  # only where a search agent runs
 
+        if top_k < 1 or snippet_chars < 0:
+            raise ValueError(
+                f"need top_k >= 1 and snippet_chars >= 0, got {top_k}, {snippet_chars}"
+            )
         self.corpus = corpus
         self.top_k = top_k
+        self.snippet_chars = snippet_chars
         self.doc_ids = list(corpus.documents)
         texts = [f"{d.title}. {d.text}" for d in corpus.documents.values()]
         self._bm25s = bm25s
@@ -201,14 +211,21 @@ class SearchIndex:
         hits = self.ranked(query, self.top_k)
         if not hits:
             return f"no results for {query!r}"
-        lines = []
-        for doc_id in hits:
-            doc = self.corpus.documents[doc_id]
-            snippet = (
-                doc.text if len(doc.text) <= SNIPPET_CHARS else doc.text[:SNIPPET_CHARS] + "..."
-            )
-            lines.append(f"[{doc_id}] {doc.title}: {snippet}")
-        return "\n".join(lines)
+        return "\n".join(self.hit(doc_id) for doc_id in hits)
+
+    def hit(self, doc_id: str) -> str:
+        """How a search result shows one document: ``[doc_id] title: snippet``."""
+        doc = self.corpus.documents[doc_id]
+        text = doc.text
+        if self.snippet_chars and len(text) > self.snippet_chars:
+            text = text[: self.snippet_chars] + "..."
+        return f"[{doc_id}] {doc.title}: {text}"
+
+    def shows_all_of(self, doc_id: str) -> bool:
+        """Whether a hit on ``doc_id`` shows its whole text (nothing left for ``open``)."""
+        return (
+            not self.snippet_chars or len(self.corpus.documents[doc_id].text) <= self.snippet_chars
+        )
 
     def open(self, doc_id: object) -> str:
         """The ``open`` tool: the document's title and text, or an error."""
@@ -221,9 +238,21 @@ class SearchIndex:
 
 
 @functools.lru_cache(maxsize=8)
-def search_index(seed: int, size: int) -> SearchIndex:
-    """The index over ``build_corpus(seed, size)``, built once per process."""
-    return SearchIndex(build_corpus(seed, size))
+def search_index(
+    seed: int, size: int, top_k: int = TOP_K, snippet_chars: int = SNIPPET_CHARS
+) -> SearchIndex:
+    """The index over ``build_corpus(seed, size)``, built once per process and view."""
+    return SearchIndex(build_corpus(seed, size), top_k, snippet_chars)
+
+
+def sample_index(sample: dict[str, Any]) -> SearchIndex:
+    """The index a search sample's agent searches: its corpus, as its question set shows hits."""
+    return search_index(
+        int(sample["corpus_seed"]),
+        int(sample["corpus_size"]),
+        int(sample.get("top_k", TOP_K)),
+        int(sample.get("snippet_chars", SNIPPET_CHARS)),
+    )
 
 
 def _tool(name: str, description: str, argument: str) -> dict[str, Any]:

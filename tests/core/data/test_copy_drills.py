@@ -117,3 +117,26 @@ def test_drilling_all_turns_adds_the_answer_copied_out_of_tool_output(
         assert module in copied and path in tokenizer.decode(drill.context)  # out of grep's output
     with pytest.raises(ValueError, match="expected one of"):
         build_drills(pairs, window=256, which="last")
+
+
+def test_first_share_sets_how_often_a_draw_is_a_first_turn(tool_chat_tokenizer) -> None:
+    """A 2-hop search episode whose hits show whole documents has 3 turns: search, search,
+    answer. Drawn as they come, about a third of the drills are first searches (an answer that
+    copies only common tokens is no drill); first_share sets the share."""
+    tokenizer = tool_chat_tokenizer
+    prompter = Prompter.from_config(load_config("experiments/agent_search.yaml"), tokenizer)
+    spec = SearchSpec(corpus_size=60, min_hops=2, max_hops=2, top_k=1, snippet_chars=0)
+    rows = generate_search_questions(40, spec, seed=3)
+    pairs = [(e.input_ids, e.loss_mask) for e in (_example(prompter, row) for row in rows)]
+    digits = number_tokens(tokenizer)
+    for share in (None, 0.5, 1.0):
+        drills = build_drills(pairs, window=64, digits=digits, which="all", first_share=share)
+        first = [d for d in drills.drills if d.first]
+        assert len(first) == len(rows) and 2 * len(rows) < len(drills.drills) <= 3 * len(rows)
+        expected = len(first) / len(drills.drills) if share is None else share
+        assert all(len(d.context) == 64 for d in first)  # the request alone
+        rng = random.Random(0)
+        drawn = sum(drills.draw(rng).first for _ in range(3000)) / 3000
+        assert drawn == pytest.approx(expected, abs=0.04), share
+    with pytest.raises(ValueError, match="first_share"):
+        build_drills(pairs, window=64, which="all", first_share=1.5)

@@ -20,7 +20,7 @@ from core.workflows.search_data import (
     generate_search_questions,
     generate_search_splits,
 )
-from core.workflows.search_env import TOP_K, build_corpus, search_index
+from core.workflows.search_env import SNIPPET_CHARS, TOP_K, build_corpus, search_index
 
 SEARCH_YAML = "experiments/agent_search.yaml"
 
@@ -91,6 +91,18 @@ def test_search_ranks_the_named_entity_first_and_tools_answer_errors() -> None:
     ]:
         assert run_tool(index, name, arguments).startswith("error:"), name
         assert error in run_tool(index, name, arguments)
+
+
+@pytest.mark.unit
+def test_a_hit_shows_a_snippet_or_the_whole_document() -> None:
+    snippets, passages = search_index(1, 200), search_index(1, 200, top_k=1, snippet_chars=0)
+    doc = max(snippets.corpus.documents.values(), key=lambda d: len(d.text))
+    assert len(doc.text) > SNIPPET_CHARS and not snippets.shows_all_of(doc.doc_id)
+    assert snippets.hit(doc.doc_id) == f"[{doc.doc_id}] {doc.title}: {doc.text[:SNIPPET_CHARS]}..."
+    assert passages.shows_all_of(doc.doc_id)
+    assert passages.search(doc.title) == f"[{doc.doc_id}] {doc.title}: {doc.text}"  # one hit
+    with pytest.raises(ValueError, match="top_k >= 1"):
+        search_index(1, 200, top_k=0)
 
 
 @pytest.mark.unit

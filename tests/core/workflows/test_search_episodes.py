@@ -17,7 +17,7 @@ from core.rewards.registry import resolve_reward
 from core.runtime.sft import _example
 from core.workflows import search_agent
 from core.workflows.search_data import SearchSpec, generate_search_questions
-from core.workflows.search_env import TOOLS, run_tool, search_index
+from core.workflows.search_env import TOOLS, run_tool, sample_index
 from tests.core.workflows.helpers import trained_spans
 
 pytestmark = pytest.mark.unit
@@ -26,16 +26,24 @@ SEARCH_YAML = "experiments/agent_search.yaml"
 SPEC = SearchSpec(corpus_size=60)
 
 
-def test_episodes_replay_through_the_real_tools_and_score_one() -> None:
+PASSAGES = SearchSpec(corpus_size=60, top_k=1, snippet_chars=0)  # a hit shows the document
+
+
+@pytest.mark.parametrize("spec", [SPEC, PASSAGES], ids=["snippets", "passages"])
+def test_episodes_replay_through_the_real_tools_and_score_one(spec: SearchSpec) -> None:
     config = load_config(SEARCH_YAML)
     reward = resolve_reward(config.rollout.reward_fn)
-    rows = generate_search_questions(40, SPEC, seed=3)
+    rows = generate_search_questions(40, spec, seed=3)
     assert search_agent.TOOLS is TOOLS  # one definition: rollout offers what SFT shows
     for row in rows:
-        index = search_index(row["corpus_seed"], row["corpus_size"])
+        index = sample_index(row)  # the one the agent searches
+        assert (index.top_k, index.snippet_chars) == (spec.top_k, spec.snippet_chars)
         *turns, final = row["sft_messages"]
-        assert row["tools"] == TOOLS and len(turns) == 4 * row["hops"]
-        opened = []
+        # a hit that shows the whole document leaves nothing to open
+        assert (
+            row["tools"] == TOOLS and len(turns) == (4 if spec.snippet_chars else 2) * row["hops"]
+        )
+        opened, found = [], []
         for call_turn, tool_turn in zip(turns[::2], turns[1::2], strict=True):
             [call] = call_turn["tool_calls"]
             name, arguments = call["function"]["name"], call["function"]["arguments"]
@@ -46,10 +54,38 @@ def test_episodes_replay_through_the_real_tools_and_score_one() -> None:
             assert not tool_turn["content"].startswith(("error", "no results"))
             if name == "open":
                 opened.append(arguments["doc_id"])
-        assert opened == row["doc_ids"]
+            else:
+                found.append(tool_turn["content"].splitlines())
+        assert opened == (row["doc_ids"] if spec.snippet_chars else [])
+        assert [hits[0] for hits in found] == [index.hit(d) for d in row["doc_ids"]]
+        assert all(len(hits) <= spec.top_k for hits in found)
+        if not spec.snippet_chars:  # the answer is in the last hit, as the document has it
+            assert row["answer"] in found[-1][0]
         assert final == {"role": "assistant", "content": f"Answer: {row['answer']}"}
         assert reward(final["content"], row["answer"]) == 1.0
         assert reward("Answer: 0", row["answer"]) == 0.0
+
+
+def test_a_bridge_episode_stops_one_hop_short_and_answers_the_bridge_name() -> None:
+    spec = SearchSpec(corpus_size=60, top_k=1, snippet_chars=0, bridge_fraction=0.7)
+    reward = resolve_reward(load_config(SEARCH_YAML).rollout.reward_fn)
+    rows = generate_search_questions(200, spec, seed=3)
+    full = {r["id"]: r for r in generate_search_questions(200, PASSAGES, seed=3)}
+    bridged = 0
+    for row in rows:
+        other = full[row["id"]]
+        assert row["question"] == other["question"]  # the same questions, other episodes
+        *turns, final = row["sft_messages"]
+        if len(turns) == 2 * row["hops"]:
+            assert row["sft_messages"] == other["sft_messages"]
+            continue
+        bridged += 1
+        # every search but the last, then the name the last search would have taken
+        assert turns == other["sft_messages"][: len(turns)] and len(turns) == 2 * row["hops"] - 2
+        last = other["sft_messages"][-3]["tool_calls"][0]["function"]["arguments"]["query"]
+        assert final["content"] == f"Answer: {last}" and f"[[{last}]]" in turns[-1]["content"]
+        assert reward(final["content"], row["answer"]) == 0.0
+    assert 0.6 < bridged / len(rows) < 0.8
 
 
 def test_rows_are_deterministic_per_seed_and_only_train_has_episodes() -> None:
