@@ -28,6 +28,7 @@ and Beyond", 2009) is built once per process per ``(seed, size)`` (:func:`search
 
 from __future__ import annotations
 
+import copy
 import functools
 import random
 from dataclasses import dataclass, field
@@ -179,13 +180,8 @@ class SearchIndex:
     ) -> None:
         import bm25s  # only where a search agent runs
 
-        if top_k < 1 or snippet_chars < 0:
-            raise ValueError(
-                f"need top_k >= 1 and snippet_chars >= 0, got {top_k}, {snippet_chars}"
-            )
         self.corpus = corpus
-        self.top_k = top_k
-        self.snippet_chars = snippet_chars
+        self._show(top_k, snippet_chars)
         self.doc_ids = list(corpus.documents)
         texts = [f"{d.title}. {d.text}" for d in corpus.documents.values()]
         self._bm25s = bm25s
@@ -216,9 +212,7 @@ class SearchIndex:
     def hit(self, doc_id: str) -> str:
         """How a search result shows one document: ``[doc_id] title: snippet``."""
         doc = self.corpus.documents[doc_id]
-        text = doc.text
-        if self.snippet_chars and len(text) > self.snippet_chars:
-            text = text[: self.snippet_chars] + "..."
+        text = doc.text if self.shows_all_of(doc_id) else doc.text[: self.snippet_chars] + "..."
         return f"[{doc_id}] {doc.title}: {text}"
 
     def shows_all_of(self, doc_id: str) -> bool:
@@ -226,6 +220,19 @@ class SearchIndex:
         return (
             not self.snippet_chars or len(self.corpus.documents[doc_id].text) <= self.snippet_chars
         )
+
+    def showing(self, top_k: int, snippet_chars: int) -> SearchIndex:
+        """This index (its BM25 shared, not rebuilt) with hits shown another way."""
+        view = copy.copy(self)
+        view._show(top_k, snippet_chars)
+        return view
+
+    def _show(self, top_k: int, snippet_chars: int) -> None:
+        if top_k < 1 or snippet_chars < 0:
+            raise ValueError(
+                f"need top_k >= 1 and snippet_chars >= 0, got {top_k}, {snippet_chars}"
+            )
+        self.top_k, self.snippet_chars = top_k, snippet_chars
 
     def open(self, doc_id: object) -> str:
         """The ``open`` tool: the document's title and text, or an error."""
@@ -241,8 +248,11 @@ class SearchIndex:
 def search_index(
     seed: int, size: int, top_k: int = TOP_K, snippet_chars: int = SNIPPET_CHARS
 ) -> SearchIndex:
-    """The index over ``build_corpus(seed, size)``, built once per process and view."""
-    return SearchIndex(build_corpus(seed, size), top_k, snippet_chars)
+    """The index over ``build_corpus(seed, size)``, built once per process; another way of
+    showing hits shares its BM25."""
+    if (top_k, snippet_chars) != (TOP_K, SNIPPET_CHARS):
+        return search_index(seed, size).showing(top_k, snippet_chars)
+    return SearchIndex(build_corpus(seed, size))
 
 
 def sample_index(sample: dict[str, Any]) -> SearchIndex:
