@@ -329,6 +329,22 @@ class SFTConfig:
         ge=0,
         le=1,
     )
+    copy_drill_first_steps: int = documented(
+        0,
+        "Of the copy_drill_steps, how many come first and drill first turns only; the rest "
+        "follow sft.copy_drill_turns and sft.copy_drill_first_share. Drilled together from "
+        "scratch, the first turn's copy and the later turns' copies out of tool output did not "
+        "form; in two runs, one after the other, they did in part; when a copy forms also "
+        "depends on the seed (docs/tutorials/own-agent.md).",
+        ge=0,
+    )
+
+    def __post_init__(self) -> None:
+        if self.copy_drill_first_steps > self.copy_drill_steps:
+            raise ValueError(
+                f"sft.copy_drill_first_steps ({self.copy_drill_first_steps}) must not exceed "
+                f"sft.copy_drill_steps ({self.copy_drill_steps})"
+            )
 
 
 @dataclass

@@ -55,17 +55,19 @@ class DrillSet:
     def _groups(self) -> tuple[list[Drill], list[Drill]]:
         return [d for d in self.drills if d.first], [d for d in self.drills if not d.first]
 
-    def draw(self, rng: random.Random) -> Drill:
-        """A random drill, a first turn with probability ``first_share`` where that is set."""
+    def draw(self, rng: random.Random, first_only: bool = False) -> Drill:
+        """A random drill, a first turn with probability ``first_share`` where that is set (or
+        always, with ``first_only``)."""
         first, later = self._groups
-        if self.first_share is None or not first or not later:
+        share = 1.0 if first_only else self.first_share
+        if share is None or not first or not later:
             return rng.choice(self.drills)
-        return rng.choice(first if rng.random() < self.first_share else later)
+        return rng.choice(first if rng.random() < share else later)
 
-    def sample(self, rng: random.Random) -> tuple[list[int], list[int]]:
-        """A random drill with fresh names and numbers: ``(ids, loss_mask)``, the mask on its
-        copies."""
-        return rename(self.draw(rng), self.pool, self.digits, rng)
+    def sample(self, rng: random.Random, first_only: bool = False) -> tuple[list[int], list[int]]:
+        """A random drill (see :meth:`draw`) with fresh names and numbers: ``(ids,
+        loss_mask)``, the mask on its copies."""
+        return rename(self.draw(rng, first_only), self.pool, self.digits, rng)
 
 
 def turns(

@@ -142,8 +142,10 @@ def copy_drills(
     learners = start_learners(drilling, str(model_dir), mode="sft")
     try:
         for step in range(sft.copy_drill_steps):
+            first_only = step < sft.copy_drill_first_steps
             batch = [
-                conversation_example(*drills.sample(rng)) for _ in range(sft.copy_drill_batch_size)
+                conversation_example(*drills.sample(rng, first_only))
+                for _ in range(sft.copy_drill_batch_size)
             ]
             stats = learners.sft_step(collate(batch, tokenizer.pad_token_id))
             sink.log_metrics({"sft/copy_drill_loss": stats["loss"]}, step)

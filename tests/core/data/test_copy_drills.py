@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from core.config import load_config
+from core.config import ConfigError, load_config
 from core.data.copy_drills import build_drills, copied_spans, rename, turns
 from core.data.prompting import Prompter
 from core.models.tokenizer import number_tokens
@@ -138,5 +138,17 @@ def test_first_share_sets_how_often_a_draw_is_a_first_turn(tool_chat_tokenizer) 
         rng = random.Random(0)
         drawn = sum(drills.draw(rng).first for _ in range(3000)) / 3000
         assert drawn == pytest.approx(expected, abs=0.04), share
+        # the first-turn phase of a drill schedule (sft.copy_drill_first_steps)
+        assert all(drills.draw(rng, first_only=True).first for _ in range(300))
     with pytest.raises(ValueError, match="first_share"):
         build_drills(pairs, window=64, which="all", first_share=1.5)
+
+
+def test_a_first_turn_phase_longer_than_the_drills_is_a_config_error() -> None:
+    overrides = ["sft.copy_drill_steps=100", "sft.copy_drill_first_steps=101"]
+    with pytest.raises(ConfigError, match=r"sft.copy_drill_first_steps \(101\)"):
+        load_config("experiments/agent_search.yaml", overrides)
+    config = load_config(
+        "experiments/agent_search.yaml", [*overrides[:1], "sft.copy_drill_first_steps=100"]
+    )
+    assert config.sft.copy_drill_first_steps == 100
