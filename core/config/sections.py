@@ -698,6 +698,13 @@ class EvalConfig:
     every_n_steps: int = documented(
         10, "Evaluate every N RL steps (0 = only before and after).", ge=0
     )
+    n_train_problems: int = documented(
+        0,
+        "Training problems also evaluated, greedily, at each RL eval (the first N; 0 = none): "
+        "eval/train_accuracy beside eval/accuracy. A gap that opens under RL is what the "
+        "policy memorised of the questions it trains on rather than learned.",
+        ge=0,
+    )
     at_start: bool = documented(
         True,
         "Evaluate the starting policy before RL (accuracy_before); false skips it, and the "

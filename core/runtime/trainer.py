@@ -113,6 +113,7 @@ class Trainer:
         self.model_dir = str(model_dir)
         self.train = train
         self.test = test[: config.eval.n_problems or len(test)]
+        self.train_probe = train[: config.eval.n_train_problems]
         self.sink = sink
         self.on_step = on_step
         self.on_eval = on_eval
@@ -322,6 +323,9 @@ class Trainer:
     def _evaluate(self, rollout: RolloutHandle, version: int) -> None:
         t0 = time.perf_counter()
         result = rollout.evaluate(self.test)
+        if self.train_probe:
+            probe = rollout.evaluate(self.train_probe)
+            result.update(train_accuracy=probe["accuracy"], train_n=probe["n"])
         # elapsed_s: RL wall time when this eval started; rl_s: the same without the earlier eval
         # and checkpoint pauses (for time-to-target-accuracy).
         seconds = time.perf_counter() - t0
@@ -339,6 +343,8 @@ class Trainer:
             "eval/timed_out": result["timed_out"],
             **{f"eval/{k}": v for k, v in extra.items()},
         }
+        if "train_accuracy" in result:
+            metrics["eval/train_accuracy"] = result["train_accuracy"]
         self.sink.log_metrics(metrics, version)
         logger.info(
             "eval at version %d: accuracy %.3f (n=%d)", version, result["accuracy"], result["n"]

@@ -180,17 +180,22 @@ def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path, mode: str) -> 
         f"model.path={tool_chat_model}", f"cluster.fileroot={tmp_path}", "experiment.trial=t",
         "data.n_train=40", "data.n_test=4", "eval.n_problems=4", "eval.max_new_tokens=8",
         "data.search_synthetic.corpus_size=40", "sft.steps=2", "sft.batch_size=4",
-        "sft.copy_drill_steps=2", "sft.copy_drill_batch_size=4",
+        "sft.copy_drill_steps=2", "sft.copy_drill_batch_size=4", "sft.copy_drill_first_steps=1",
         "learner.total_steps=2",
         "rollout.batch_size=2", "algorithm.group_size=2", "sampling.max_new_tokens=8",
         "agent.max_turns=2", "tools.latency_s=0", "tools.latency_p99_s=0",
         "eval.every_n_steps=0", "checkpoint.every_n_steps=0", f"agent.trajectory_mode={mode}",
+        "eval.n_train_problems=3",
     ]))  # fmt: skip
     assert summary["steps"] == 2 and summary["rollout"]["episodes_failed"] == 0
     rows = [json.loads(line) for line in (tmp_path / "agent-search" / "t" / "metrics.jsonl").open()]
     trained = [r for r in rows if "actor/loss_tokens" in r]
     assert len(trained) == 2
     assert len([r for r in rows if "sft/copy_drill_loss" in r]) == 2
+    # the training questions are scored too, at the start and at the end, beside held-out ones
+    probes = [r["eval/train_accuracy"] for r in rows if "eval/train_accuracy" in r]
+    assert len(probes) == 2 and all(0 <= a <= 1 for a in probes)
+    assert [e["train_n"] for e in summary["evals"]] == [3, 3]
     assert len([r for r in rows if "sft/loss" in r]) == 2
     assert all(
         r["actor/tokens"] > 4 * 100 and 0 < r["actor/loss_tokens"] <= 4 * 2 * 8 for r in trained
