@@ -10,8 +10,8 @@ A sample is::
 
     {"id", "question", "answer": the exact answer ("1967", a country's name),
      "hops": documents to read, "doc_ids": those documents in order,
-     "corpus_seed", "corpus_size", "top_k", "snippet_chars": which corpus the agent searches
-     and how its search shows hits}
+     "corpus_seed", "corpus_size", "corpus_world", "top_k", "snippet_chars": which corpus
+     (and world of it) the agent searches and how its search shows hits}
 
 TRAINING samples also carry a solved episode for SFT (:func:`solved_episode`): ``sft_messages``
 (per hop a ``search`` call by the entity's name and, where the hit did not show the whole
@@ -22,7 +22,10 @@ results are token for token what the agent sees at rollout time.
 
 The corpus comes from ``data.seed`` (else the experiment seed) and ``corpus_size``; train and
 test questions are drawn from separate streams over the same corpus, test questions never
-repeating train ones.
+repeating train ones. With ``worlds=N`` each training question is asked in one of N worlds of
+the corpus (its names shuffled among the entities of a kind, :mod:`core.workflows.search_env`)
+and each test question in one of N others, so no fact a policy memorises in training holds at
+test time: a few hundred questions over one corpus are otherwise few enough to memorise.
 """
 
 from __future__ import annotations
@@ -89,6 +92,15 @@ class SearchSpec:
         "Characters of a document's text a search hit shows (0: all of it, as the passages of a "
         "Search-R1-style search tool). A solved SFT episode opens a document only where its hit "
         "was cut short.",
+        ge=0,
+    )
+    worlds: int = documented(
+        0,
+        "0: every question over the one corpus. N > 0: each training question is asked in one "
+        "of N worlds of it (the same names shuffled among the entities of each kind, so the "
+        "facts differ) and each test question in one of N others, never seen in training. On "
+        "one 200-document corpus RL memorised the training questions (solved 5 -> 40 of 100) "
+        "and barely moved held-out ones (3 -> 8).",
         ge=0,
     )
     bridge_fraction: float = documented(
@@ -198,6 +210,7 @@ def _to_sample(
         "doc_ids": [e.doc_id for e in question.path],
         "corpus_seed": corpus.seed,
         "corpus_size": corpus.size,
+        "corpus_world": corpus.world,
         "top_k": index.top_k,
         "snippet_chars": index.snippet_chars,
     }
@@ -209,16 +222,17 @@ def _to_sample(
 
 
 def _stream(spec: SearchSpec, seed: int) -> SampleStream:
-    index = search_index(seed, spec.corpus_size, spec.top_k, spec.snippet_chars)
-    corpus = index.corpus
-
     def samples(split: str) -> Iterator[tuple[int, dict]]:
         if split not in SPLITS:
             raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
         rng = random.Random(f"search-{seed}-{split}-questions")
+        first_world = 1 if split == "train" else 1 + spec.worlds  # test: worlds train never saw
         i = 0
         while True:
-            question = sample_question(rng, corpus, rng.randint(spec.min_hops, spec.max_hops))
+            world = first_world + rng.randrange(spec.worlds) if spec.worlds else 0
+            index = search_index(seed, spec.corpus_size, spec.top_k, spec.snippet_chars, world)
+            hops = rng.randint(spec.min_hops, spec.max_hops)
+            question = sample_question(rng, index.corpus, hops)
             sample_id = f"search-{split}-{seed}-{i}"
             yield i, _to_sample(sample_id, question, index, split, spec.bridge_fraction)
             i += 1
@@ -233,7 +247,7 @@ def generate_search_questions(
     return first_samples(_stream(spec, seed), n, split)
 
 
-@data_source("search_synthetic", generated=True, version=2)  # 2: names linked as [[Name]]
+@data_source("search_synthetic", generated=True, version=3)  # 3: worlds (corpus_world)
 def search_synthetic(data: DataSection, seed: int) -> Splits:
     """Multi-hop questions over the generated corpus (``data.search_synthetic``)."""
     return Splits(*generate_search_splits(data.search_synthetic, data.n_train, data.n_test, seed))
@@ -244,4 +258,9 @@ def generate_search_splits(
 ) -> tuple[list[dict], list[dict]]:
     """Train and test sets with no test question in train (nor twice in test)."""
     widen = "raise data.search_synthetic.corpus_size or lower data.n_train"
-    return fresh_splits(_stream(spec, seed), n_train, n_test, widen)
+    return fresh_splits(_stream(spec, seed), n_train, n_test, widen, key=_question_and_answer)
+
+
+def _question_and_answer(row: dict) -> tuple[str, str]:
+    # a question's text may come again in another world, with another answer
+    return row["question"], row["answer"]

@@ -49,6 +49,42 @@ def test_corpus_and_questions_are_deterministic_per_seed() -> None:
 
 
 @pytest.mark.unit
+def test_a_world_shuffles_the_names_within_each_kind_and_keeps_the_facts() -> None:
+    base, world = build_corpus(5, 60), build_corpus(5, 60, 2)
+    assert build_corpus(5, 60, 0).documents == base.documents
+    assert world.documents == build_corpus.__wrapped__(5, 60, 2).documents  # deterministic
+    by_id = {e.doc_id: e for e in world.entities.values()}
+    moved = 0
+    for entity in base.entities.values():
+        there = by_id[entity.doc_id]  # the same entity, under another name of its kind
+        assert there.kind == entity.kind and there.attributes == entity.attributes
+        assert sorted(there.relations) == sorted(entity.relations)
+        for relation, name in there.relations.items():  # relations follow the renaming
+            assert by_id[base.entities[entity.relations[relation]].doc_id].name == name
+        moved += there.name != entity.name
+    assert moved > len(base.entities) // 2
+    assert {e.name for e in world.entities.values()} == set(base.entities)
+    with pytest.raises(ValueError, match="world"):
+        build_corpus(5, 60, -1)
+
+
+@pytest.mark.unit
+def test_with_worlds_held_out_questions_are_asked_in_worlds_training_never_saw() -> None:
+    spec = SearchSpec(corpus_size=60, worlds=3)
+    train, test = generate_search_splits(spec, 120, 30, seed=5)
+    assert {q["corpus_world"] for q in train} == {1, 2, 3}
+    assert {q["corpus_world"] for q in test} == {4, 5, 6}
+    assert not {(q["question"], q["answer"]) for q in train} & {
+        (q["question"], q["answer"]) for q in test
+    }
+    for q in train + test:  # the answer is what that world's last document says
+        last = build_corpus(5, 60, q["corpus_world"]).documents[q["doc_ids"][-1]]
+        assert q["answer"] in last.text and f"[[{last.title}]]" not in q["question"]
+    # without worlds every question is over the corpus as generated
+    assert {q["corpus_world"] for q in generate_search_questions(20, SearchSpec(60), 5)} == {0}
+
+
+@pytest.mark.unit
 def test_every_answer_is_reachable_hop_by_hop() -> None:
     """Each question links its first document's entity, each document links the next one, and
     the last one states the answer; a solved episode searches each linked name as written."""

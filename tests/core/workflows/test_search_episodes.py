@@ -27,9 +27,10 @@ SPEC = SearchSpec(corpus_size=60)
 
 
 PASSAGES = SearchSpec(corpus_size=60, top_k=1, snippet_chars=0)  # a hit shows the document
+WORLDS = SearchSpec(corpus_size=60, top_k=1, snippet_chars=0, worlds=5)  # names shuffled
 
 
-@pytest.mark.parametrize("spec", [SPEC, PASSAGES], ids=["snippets", "passages"])
+@pytest.mark.parametrize("spec", [SPEC, PASSAGES, WORLDS], ids=["snippets", "passages", "worlds"])
 def test_episodes_replay_through_the_real_tools_and_score_one(spec: SearchSpec) -> None:
     config = load_config(SEARCH_YAML)
     reward = resolve_reward(config.rollout.reward_fn)
