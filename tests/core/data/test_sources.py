@@ -90,7 +90,7 @@ def test_a_new_generator_version_does_not_read_the_old_problems(
     assert data_cache_url(cfg).endswith("-3-v2")
     assert not prepare_data(cfg).cached  # made again by the new generator, then read back
     assert prepare_data(cfg).cached
-    assert resolve_source("search_synthetic").version == 2  # its names became [[links]]
+    assert resolve_source("search_synthetic").version == 3  # its samples carry corpus_world
 
 
 def test_a_generated_source_needs_held_out_problems(user_module: str) -> None:
