@@ -256,11 +256,11 @@ def search_synthetic(data: DataSection, seed: int) -> Splits:
 def generate_search_splits(
     spec: SearchSpec, n_train: int, n_test: int, seed: int
 ) -> tuple[list[dict], list[dict]]:
-    """Train and test sets with no test question in train (nor twice in test)."""
+    """Train and test sets with no test (question, answer) in train (nor twice in test): with
+    worlds, a question's text may come again with another answer."""
     widen = "raise data.search_synthetic.corpus_size or lower data.n_train"
     return fresh_splits(_stream(spec, seed), n_train, n_test, widen, key=_question_and_answer)
 
 
 def _question_and_answer(row: dict) -> tuple[str, str]:
-    # a question's text may come again in another world, with another answer
     return row["question"], row["answer"]

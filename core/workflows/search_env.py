@@ -188,7 +188,7 @@ def _shuffled_names(base: Corpus, world: int) -> Corpus:
     from the seed, size and ``world``); doc ids, facts and relations stay with the entities."""
     rng = random.Random(f"search-world-{base.seed}-{base.size}-{world}")
     rename: dict[str, str] = {}
-    for kind in ("person", "city", "company"):
+    for kind in ("person", "city", "company"):  # a fixed order: the permutation is seeded
         names = [e.name for e in base.of_kind(kind)]
         rename.update(zip(names, rng.sample(names, len(names)), strict=True))
     entities = {
