@@ -332,7 +332,8 @@ class SFTConfig:
     copy_drill_first_steps: int = documented(
         0,
         "Of the copy_drill_steps, how many come first and drill first turns only; the rest "
-        "follow sft.copy_drill_turns and sft.copy_drill_first_share. Drilled together from "
+        "follow sft.copy_drill_turns and sft.copy_drill_first_share; each phase has a "
+        "learning-rate schedule of its own, as two drill runs would. Drilled together from "
         "scratch, the first turn's copy and the later turns' copies out of tool output did not "
         "form; in two runs, one after the other, they did in part; when a copy forms also "
         "depends on the seed (docs/tutorials/own-agent.md).",

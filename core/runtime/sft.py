@@ -126,7 +126,8 @@ def copy_drills(
     on_step: Callable[[int], None] | None = None,
 ) -> Path:
     """``sft.copy_drill_steps`` steps of copy drills (core/data/copy_drills.py) drawn from the
-    SFT examples, with a learning-rate schedule of their own; returns the drilled model's local
+    SFT examples, with a learning-rate schedule of their own (one per phase: the first
+    ``sft.copy_drill_first_steps`` drill first turns only); returns the drilled model's local
     folder, where the SFT steps start."""
     sft = config.sft
     drills = build_drills(
@@ -138,22 +139,38 @@ def copy_drills(
     )
     logger.info("copy drills: %d excerpts, %d names", len(drills.drills), len(drills.pool))
     rng = random.Random(config.experiment.seed)
-    drilling = replace(config, sft=replace(sft, steps=sft.copy_drill_steps))
-    learners = start_learners(drilling, str(model_dir), mode="sft")
-    try:
-        for step in range(sft.copy_drill_steps):
-            first_only = step < sft.copy_drill_first_steps
-            batch = [
-                conversation_example(*drills.sample(rng, first_only))
-                for _ in range(sft.copy_drill_batch_size)
-            ]
-            stats = learners.sft_step(collate(batch, tokenizer.pad_token_id))
-            sink.log_metrics({"sft/copy_drill_loss": stats["loss"]}, step)
-            if on_step is not None:
-                on_step(1)
-        out = local_path(join(config.run_dir, "copy_drills"))
-        learners.export(str(out))
-    finally:
-        learners.close()
-    logger.info("copy drills: %d steps, final loss %.3f", sft.copy_drill_steps, stats["loss"])
-    return out
+    # The first-turn phase and the rest each get a learning-rate schedule of their own, as two
+    # drill runs one after the other (the chain whose copies formed, docs/tutorials/own-agent.md).
+    # When the first copy forms still varies with the seed, with one schedule or two.
+    phases = [
+        (sft.copy_drill_first_steps, True),
+        (sft.copy_drill_steps - sft.copy_drill_first_steps, False),
+    ]
+    phases = [phase for phase in phases if phase[0] > 0]
+    step, loss = 0, float("nan")
+    for k, (n_steps, first_only) in enumerate(phases):
+        drilling = replace(config, sft=replace(sft, steps=n_steps))
+        learners = start_learners(drilling, str(model_dir), mode="sft")
+        try:
+            for _ in range(n_steps):
+                batch = [
+                    conversation_example(*drills.sample(rng, first_only))
+                    for _ in range(sft.copy_drill_batch_size)
+                ]
+                stats = learners.sft_step(collate(batch, tokenizer.pad_token_id))
+                loss = stats["loss"]
+                sink.log_metrics(
+                    {"sft/copy_drill_loss": loss, "sft/copy_drill_lr": stats["lr"]}, step
+                )
+                step += 1
+                if on_step is not None:
+                    on_step(1)
+            last = k == len(phases) - 1
+            model_dir = local_path(
+                join(config.run_dir, "copy_drills" if last else "copy_drills_first")
+            )
+            learners.export(str(model_dir))
+        finally:
+            learners.close()
+    logger.info("copy drills: %d steps, final loss %.3f", sft.copy_drill_steps, loss)
+    return Path(model_dir)

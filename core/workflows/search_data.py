@@ -1,7 +1,7 @@
 """Multi-hop questions over a generated corpus, for a search agent (``search_synthetic``).
 
-Each question names one entity of the corpus (:mod:`core.workflows.search_env`) and follows 1-3
-relations from it before asking an attribute, so answering takes 2-4 document lookups::
+Each question names one entity of the corpus (:mod:`core.workflows.search_env`) and follows 0-3
+relations from it before asking an attribute, so answering takes 1-4 document lookups::
 
     "What is the founding year of the company founded by the mayor of [[Kasen]]?"
     Kasen's document -> its mayor -> the mayor's document -> their company -> its document
@@ -17,7 +17,7 @@ TRAINING samples also carry a solved episode for SFT (:func:`solved_episode`): `
 (per hop a ``search`` call by the entity's name and, where the hit did not show the whole
 document, an ``open`` of it, each followed by the tool's real output, then ``Answer: <answer>``,
 the form ``exact_match`` scores; or, on ``bridge_fraction`` of them, one hop short and answering
-the bridge entity's name) and ``tools`` (the agent's own :data:`~core.workflows.search_env.TOOLS`), so SFT prompts and tool
+the bridge entity's name, or on a one-document question a guess without a search) and ``tools`` (the agent's own :data:`~core.workflows.search_env.TOOLS`), so SFT prompts and tool
 results are token for token what the agent sees at rollout time.
 
 The corpus comes from ``data.seed`` (else the experiment seed) and ``corpus_size``; train and
@@ -84,8 +84,12 @@ class SearchSpec:
         200,
         f"Documents in the generated corpus ({MIN_SIZE}-{MAX_SIZE}): people, cities, companies.",
     )
-    min_hops: int = documented(2, "Fewest documents a question needs read (2-4).")
-    max_hops: int = documented(4, "Most documents a question needs read (2-4, >= min_hops).")
+    min_hops: int = documented(
+        2,
+        "Fewest documents a question needs read (1-4). 1 asks an attribute of the entity the "
+        "question names (one search), the first stage of a curriculum.",
+    )
+    max_hops: int = documented(4, "Most documents a question needs read (1-4, >= min_hops).")
     top_k: int = documented(TOP_K, "Hits a search returns, best first.", gt=0)
     snippet_chars: int = documented(
         SNIPPET_CHARS,
@@ -107,7 +111,8 @@ class SearchSpec:
         0.0,
         "Share of SFT episodes that stop one hop short and answer the bridge entity, the name "
         "the last document would be found by, instead of its attribute: always wrong, and the "
-        "same copy as the search that would go on (a warm start RL can improve on).",
+        "same copy as the search that would go on (a warm start RL can improve on). On a "
+        "one-document question it answers unread: the asked attribute of another entity.",
         ge=0,
         le=1,
     )
@@ -117,9 +122,9 @@ class SearchSpec:
             raise ValueError(
                 f"corpus_size must be in [{MIN_SIZE}, {MAX_SIZE}], got {self.corpus_size}"
             )
-        if not 2 <= self.min_hops <= self.max_hops <= 4:
+        if not 1 <= self.min_hops <= self.max_hops <= 4:
             raise ValueError(
-                f"need 2 <= min_hops <= max_hops <= 4, got {self.min_hops}, {self.max_hops}"
+                f"need 1 <= min_hops <= max_hops <= 4, got {self.min_hops}, {self.max_hops}"
             )
 
 
@@ -129,6 +134,7 @@ class Question:
     answer: str
     path: tuple[Entity, ...]  # the entities whose documents answer it, in order
     start: str  # the entity the question names
+    attribute: str  # what it asks of the last entity ("founded_year", "country", ...)
 
 
 def _walk(rng: random.Random, corpus: Corpus, n_relations: int) -> list[tuple[str, Entity]]:
@@ -158,7 +164,16 @@ def sample_question(rng: random.Random, corpus: Corpus, hops: int) -> Question:
     last = steps[-1][1]
     attribute, template = rng.choice(ATTRIBUTES[last.kind])
     text = template.format(x=phrase)
-    return Question(text, last.attributes[attribute], tuple(e for _, e in steps), steps[0][1].name)
+    path = tuple(e for _, e in steps)
+    return Question(text, last.attributes[attribute], path, steps[0][1].name, attribute)
+
+
+def guess(question: Question, corpus: Corpus) -> str:
+    """A wrong answer of the right type, the same for the same question: the asked attribute of
+    another entity of the kind (what an agent that answers without reading would say)."""
+    kind = question.path[-1].kind
+    values = sorted({e.attributes[question.attribute] for e in corpus.of_kind(kind)})
+    return random.Random(question.text).choice([v for v in values if v != question.answer])
 
 
 def _call(k: int, name: str, arguments: dict[str, str]) -> dict:
@@ -177,7 +192,8 @@ def solved_episode(question: Question, index: SearchIndex, bridge: bool = False)
     path, ``search`` its entity's name and, unless the hit showed the whole document, ``open``
     it, the tool turns being what :func:`~core.workflows.search_env.run_tool` returns; then
     ``Answer: <answer>``. With ``bridge`` it stops one document short and answers the last
-    entity's name, which the document before names (a multi-hop reader's classic mistake)."""
+    entity's name, which the document before names (a multi-hop reader's classic mistake); a
+    one-document question has no document before, so it answers a :func:`guess` unread."""
     messages: list[dict] = []
     path = question.path[:-1] if bridge else question.path
 
@@ -194,7 +210,12 @@ def solved_episode(question: Question, index: SearchIndex, bridge: bool = False)
         assert found.startswith(f"[{entity.doc_id}] "), entity.name
         if not index.shows_all_of(entity.doc_id):
             call("open", {"doc_id": entity.doc_id})
-    answer = question.path[-1].name if bridge else question.answer
+    if not bridge:
+        answer = question.answer
+    elif len(question.path) > 1:
+        answer = question.path[-1].name
+    else:
+        answer = guess(question, index.corpus)
     return [*messages, {"role": "assistant", "content": f"Answer: {answer}"}]
 
 

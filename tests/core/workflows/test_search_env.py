@@ -106,6 +106,44 @@ def test_every_answer_is_reachable_hop_by_hop() -> None:
 
 
 @pytest.mark.unit
+def test_one_document_questions_ask_the_named_entity_and_bridge_episodes_do_not_search() -> None:
+    """min_hops=1 asks an attribute of the entity the question links: one search answers it. A
+    bridge episode of such a question answers without a search: a value of the asked attribute
+    that another entity has (a guess, always wrong)."""
+    spec = SearchSpec(corpus_size=60, min_hops=1, max_hops=2, top_k=1, snippet_chars=0)
+    assert SearchSpec(corpus_size=60, min_hops=1, max_hops=1).min_hops == 1
+    with pytest.raises(ValueError, match="min_hops"):
+        SearchSpec(min_hops=0, max_hops=1)
+    corpus = build_corpus(5, 60)
+    questions = generate_search_questions(200, spec, seed=5)
+    assert Counter(q["hops"] for q in questions).keys() == {1, 2}
+    for q in (q for q in questions if q["hops"] == 1):
+        doc = corpus.documents[q["doc_ids"][0]]
+        assert f"[[{doc.title}]]" in q["question"] and q["answer"] in doc.text
+        searches = [m for m in q["sft_messages"] if m.get("tool_calls")]
+        assert [s["tool_calls"][0]["function"]["arguments"]["query"] for s in searches] == [
+            doc.title
+        ]
+        assert q["sft_messages"][-1]["content"] == f"Answer: {q['answer']}"
+    bridged = generate_search_questions(
+        100, SearchSpec(corpus_size=60, min_hops=1, max_hops=1, bridge_fraction=1.0), seed=5
+    )
+    for q in bridged:
+        [message] = q["sft_messages"]
+        assert message["role"] == "assistant" and "tool_calls" not in message
+        kind = corpus.entities[corpus.documents[q["doc_ids"][0]].title].kind
+        asked = "country" if q["question"].startswith("In which") else None
+        values = {
+            value
+            for e in corpus.of_kind(kind)
+            for name, value in e.attributes.items()
+            if name == asked or (asked is None and name.endswith("year"))
+        }
+        assert message["content"].removeprefix("Answer: ") in values
+        assert exact_match(q["sft_messages"][-1]["content"], q["answer"]) == 0.0
+
+
+@pytest.mark.unit
 def test_search_ranks_the_named_entity_first_and_tools_answer_errors() -> None:
     index = search_index(1, 200)
     entities = list(index.corpus.entities.values())
@@ -227,7 +265,12 @@ def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path, mode: str) -> 
     rows = [json.loads(line) for line in (tmp_path / "agent-search" / "t" / "metrics.jsonl").open()]
     trained = [r for r in rows if "actor/loss_tokens" in r]
     assert len(trained) == 2
-    assert len([r for r in rows if "sft/copy_drill_loss" in r]) == 2
+    drills = [r for r in rows if "sft/copy_drill_loss" in r]
+    assert len(drills) == 2
+    # the first-turn phase and the rest each ran a schedule of their own, from its warm-up
+    assert drills[0]["sft/copy_drill_lr"] == drills[1]["sft/copy_drill_lr"] > 0
+    run_dir = tmp_path / "agent-search" / "t"
+    assert (run_dir / "copy_drills_first").is_dir() and (run_dir / "copy_drills").is_dir()
     # the training questions are scored too, at the start and at the end, beside held-out ones
     probes = [r["eval/train_accuracy"] for r in rows if "eval/train_accuracy" in r]
     assert len(probes) == 2 and all(0 <= a <= 1 for a in probes)
