@@ -23,6 +23,7 @@ from core.workflows.search_data import (
 from core.workflows.search_env import SNIPPET_CHARS, TOP_K, build_corpus, search_index
 
 SEARCH_YAML = "experiments/agent_search.yaml"
+ONE_HOP_YAML = "experiments/agent_search_1hop.yaml"  # one-document questions in worlds
 
 
 @pytest.mark.unit
@@ -244,13 +245,17 @@ def test_bad_latency_settings_are_config_errors() -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("mode", ["conversation", "per_turn"])
-def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path, mode: str) -> None:
+@pytest.mark.parametrize(
+    ("recipe", "mode"),
+    [(SEARCH_YAML, "conversation"), (SEARCH_YAML, "per_turn"), (ONE_HOP_YAML, "conversation")],
+)
+def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path, recipe: str, mode: str) -> None:
     """Copy drills and SFT on solved conversations, then two RL steps of the search agent:
     episodes run the tools and are trained (as whole conversations, or call by call)."""
     from core.runtime.job import run_experiment
 
-    summary = run_experiment(load_config(SEARCH_YAML, [
+    experiment = load_config(recipe).experiment.name
+    summary = run_experiment(load_config(recipe, [
         f"model.path={tool_chat_model}", f"cluster.fileroot={tmp_path}", "experiment.trial=t",
         "data.n_train=40", "data.n_test=4", "eval.n_problems=4", "eval.max_new_tokens=8",
         "data.search_synthetic.corpus_size=40", "sft.steps=2", "sft.batch_size=4",
@@ -262,14 +267,14 @@ def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path, mode: str) -> 
         "eval.n_train_problems=3",
     ]))  # fmt: skip
     assert summary["steps"] == 2 and summary["rollout"]["episodes_failed"] == 0
-    rows = [json.loads(line) for line in (tmp_path / "agent-search" / "t" / "metrics.jsonl").open()]
+    run_dir = tmp_path / experiment / "t"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     trained = [r for r in rows if "actor/loss_tokens" in r]
     assert len(trained) == 2
     drills = [r for r in rows if "sft/copy_drill_loss" in r]
     assert len(drills) == 2
     # the first-turn phase and the rest each ran a schedule of their own, from its warm-up
     assert drills[0]["sft/copy_drill_lr"] == drills[1]["sft/copy_drill_lr"] > 0
-    run_dir = tmp_path / "agent-search" / "t"
     assert (run_dir / "copy_drills_first").is_dir() and (run_dir / "copy_drills").is_dir()
     # the training questions are scored too, at the start and at the end, beside held-out ones
     probes = [r["eval/train_accuracy"] for r in rows if "eval/train_accuracy" in r]
