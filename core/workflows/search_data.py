@@ -17,7 +17,8 @@ TRAINING samples also carry a solved episode for SFT (:func:`solved_episode`): `
 (per hop a ``search`` call by the entity's name and, where the hit did not show the whole
 document, an ``open`` of it, each followed by the tool's real output, then ``Answer: <answer>``,
 the form ``exact_match`` scores; or, on ``bridge_fraction`` of them, one hop short and answering
-the bridge entity's name, or on a one-document question a guess without a search) and ``tools`` (the agent's own :data:`~core.workflows.search_env.TOOLS`), so SFT prompts and tool
+the bridge entity's name, or on a one-document question a guess without a search) and
+``tools`` (the agent's own :data:`~core.workflows.search_env.TOOLS`), so SFT prompts and tool
 results are token for token what the agent sees at rollout time.
 
 The corpus comes from ``data.seed`` (else the experiment seed) and ``corpus_size``; train and
