@@ -171,10 +171,11 @@ def sample_question(rng: random.Random, corpus: Corpus, hops: int) -> Question:
 
 def guess(question: Question, corpus: Corpus) -> str:
     """A wrong answer of the right type, the same for the same question: the asked attribute of
-    another entity of the kind (what an agent that answers without reading would say)."""
+    another entity of the kind (what an agent that answers without reading would say), or
+    ``unknown`` in a corpus so small that every entity of the kind shares the answer."""
     kind = question.path[-1].kind
-    values = sorted({e.attributes[question.attribute] for e in corpus.of_kind(kind)})
-    return random.Random(question.text).choice([v for v in values if v != question.answer])
+    values = {e.attributes[question.attribute] for e in corpus.of_kind(kind)} - {question.answer}
+    return random.Random(question.text).choice(sorted(values)) if values else "unknown"
 
 
 def _call(k: int, name: str, arguments: dict[str, str]) -> dict:

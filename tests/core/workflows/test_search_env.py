@@ -141,6 +141,10 @@ def test_one_document_questions_ask_the_named_entity_and_bridge_episodes_do_not_
             if name == asked or (asked is None and name.endswith("year"))
         }
         assert message["content"].removeprefix("Answer: ") in values
+    for seed in range(20):  # the smallest corpora, where a kind may share one value, still guess
+        tiny = SearchSpec(corpus_size=8, min_hops=1, max_hops=1, bridge_fraction=1.0)
+        for q in generate_search_questions(20, tiny, seed=seed):
+            assert exact_match(q["sft_messages"][-1]["content"], q["answer"]) == 0.0
         assert exact_match(q["sft_messages"][-1]["content"], q["answer"]) == 0.0
 
 
