@@ -8,6 +8,7 @@ import json
 import random
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -258,7 +259,6 @@ def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path, recipe: str, m
     episodes run the tools and are trained (as whole conversations, or call by call)."""
     from core.runtime.job import run_experiment
 
-    experiment = load_config(recipe).experiment.name
     summary = run_experiment(load_config(recipe, [
         f"model.path={tool_chat_model}", f"cluster.fileroot={tmp_path}", "experiment.trial=t",
         "data.n_train=40", "data.n_test=4", "eval.n_problems=4", "eval.max_new_tokens=8",
@@ -271,7 +271,7 @@ def test_a_run_trains_the_search_agent(tool_chat_model, tmp_path, recipe: str, m
         "eval.n_train_problems=3",
     ]))  # fmt: skip
     assert summary["steps"] == 2 and summary["rollout"]["episodes_failed"] == 0
-    run_dir = tmp_path / experiment / "t"
+    run_dir = Path(summary["run_dir"])
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     trained = [r for r in rows if "actor/loss_tokens" in r]
     assert len(trained) == 2
